@@ -1,0 +1,190 @@
+"""The frozen model configuration: presets, validation, and Google/HF JSON round trips.
+
+`BertConfig` describes the network only (no optimiser, no data); experiment configs
+(`experiments/configs/*.py`) build one through `BertConfig.from_preset` or
+`BertConfig.from_json_file` in one place and hand it to the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+# name: (num_hidden_layers, hidden_size, num_attention_heads); intermediate = 4H.
+# The compact sizes are the ones Google published with "Well-Read Students Learn Better".
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+REMAT_POLICIES = (
+    "none",  # no rematerialisation: keep every activation (fastest, most memory)
+    "full",  # recompute the whole layer in the backward pass (least memory)
+    "dots_saveable",  # keep matmul outputs, recompute elementwise ops
+    "dots_with_no_batch_dims_saveable",  # keep weight matmuls, recompute attention
+    "nothing_saveable",  # same as "full", spelled as a jax policy
+)
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A model configuration that cannot describe a working BERT."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Hyper-parameters of a BERT encoder (the fields of Google's `bert_config.json`)."""
+
+    vocab_size: int = 30522  # rows of the word-embedding table (and MLM output classes)
+    hidden_size: int = 768  # width H of the residual stream
+    num_hidden_layers: int = 12  # number of transformer layers L
+    num_attention_heads: int = 12  # attention heads A; H must divide by A
+    intermediate_size: int = 3072  # width of the feed-forward block (4H in every preset)
+    hidden_act: str = "gelu"  # exact-erf GELU, as the original (only "gelu" is supported)
+    hidden_dropout_prob: float = 0.1  # dropout after embeddings, attention output and FFN
+    attention_probs_dropout_prob: float = 0.1  # dropout on the attention probabilities
+    max_position_embeddings: int = 512  # longest sequence the position table covers
+    type_vocab_size: int = 2  # number of segment (token type) ids
+    initializer_range: float = 0.02  # stddev of the truncated-normal weight init
+    layer_norm_eps: float = 1e-12  # LayerNorm epsilon of the original TF code
+    dtype: str = "float32"  # compute dtype of matmul inputs; accumulation is always f32
+    param_dtype: str = "float32"  # storage dtype of parameters (master weights)
+    scan_layers: bool = False  # stack the layers under one `nn.scan` (faster compiles)
+    remat_policy: str = "none"  # rematerialisation of each layer, one of REMAT_POLICIES
+
+    def __post_init__(self):
+        problems = []
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                problems.append(f"{name} must be a positive integer, got {value!r}")
+        if not problems and self.hidden_size % self.num_attention_heads:
+            problems.append(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                f"{self.num_attention_heads}"
+            )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                problems.append(f"{name} must be in [0, 1), got {value!r}")
+        if self.hidden_act not in ("gelu", "gelu_exact"):
+            problems.append(f"hidden_act {self.hidden_act!r} is not supported (only 'gelu')")
+        if self.layer_norm_eps <= 0:
+            problems.append(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                problems.append(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+        if self.remat_policy not in REMAT_POLICIES:
+            problems.append(
+                f"remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}"
+            )
+        if problems:
+            raise ConfigError("invalid BertConfig: " + "; ".join(problems))
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def replace(self, **changes: Any) -> BertConfig:
+        """A copy with `changes` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> BertConfig:
+        """One of PRESETS (tiny, mini, small, medium, base, large), with overrides."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        layers, hidden, heads = PRESETS[name]
+        fields = dict(
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            intermediate_size=4 * hidden,
+        )
+        fields.update(overrides)
+        return cls(**fields)
+
+    # --- JSON: Google's bert_config.json and Hugging Face's config.json -------------------
+
+    def to_google_dict(self) -> dict[str, Any]:
+        """The fields of Google's `bert_config.json`."""
+        return {
+            "attention_probs_dropout_prob": self.attention_probs_dropout_prob,
+            "hidden_act": "gelu",
+            "hidden_dropout_prob": self.hidden_dropout_prob,
+            "hidden_size": self.hidden_size,
+            "initializer_range": self.initializer_range,
+            "intermediate_size": self.intermediate_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "num_attention_heads": self.num_attention_heads,
+            "num_hidden_layers": self.num_hidden_layers,
+            "type_vocab_size": self.type_vocab_size,
+            "vocab_size": self.vocab_size,
+        }
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A `transformers` `BertConfig` as its `config.json` stores it."""
+        return {
+            "architectures": ["BertForPreTraining"],
+            "model_type": "bert",
+            **self.to_google_dict(),
+            "layer_norm_eps": self.layer_norm_eps,
+            "pad_token_id": 0,
+            "position_embedding_type": "absolute",
+            "torch_dtype": "float32",
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<dict>", **overrides: Any):
+        """Reads Google or HF fields; unknown keys are ignored, wrong values are errors."""
+        if data.get("model_type", "bert") != "bert":
+            raise ConfigError(f"{source}: model_type {data['model_type']!r} is not 'bert'")
+        pos_type = data.get("position_embedding_type", "absolute")
+        if pos_type != "absolute":
+            raise ConfigError(f"{source}: position_embedding_type {pos_type!r} is not supported")
+        act = data.get("hidden_act", "gelu")
+        if act not in ("gelu", "gelu_exact"):
+            raise ConfigError(f"{source}: hidden_act {act!r} is not supported (only exact GELU)")
+        names = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: v for k, v in data.items() if k in names and k not in ("dtype",)}
+        fields["hidden_act"] = "gelu"
+        fields.update(overrides)
+        try:
+            return cls(**fields)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike, **overrides: Any) -> BertConfig:
+        """Loads `bert_config.json` (Google) or `config.json` (HF)."""
+        path = os.fspath(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_dict(data, source=path, **overrides)
+
+    def write_json(self, path: str | os.PathLike, flavour: str = "google") -> None:
+        """Writes `bert_config.json` (flavour="google") or `config.json` (flavour="hf")."""
+        data = self.to_google_dict() if flavour == "google" else self.to_hf_dict()
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")

@@ -1,0 +1,118 @@
+"""Task heads on top of `BertModel`: pretraining (MLM + NSP), classification, tagging, QA.
+
+Each model keeps the encoder under the name `bert`, so that an encoder checkpoint
+restores into any of them and a fresh head is the only thing left to initialise.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.config import BertConfig
+from bert_jax.model import BertModel, BertOutput, constrain, dense, layer_norm, zeros_init
+
+
+def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
+    """(B, T, H) states, (B, P) indices -> (B, P, H) states at those positions."""
+    return jnp.take_along_axis(sequence, positions[..., None].astype(jnp.int32), axis=1)
+
+
+class MaskedLMHead(nn.Module):
+    """dense + GELU + LayerNorm transform, then the decoder tied to the word embeddings."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, states: jax.Array, word_table: jax.Array) -> jax.Array:
+        cfg = self.config
+        h = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "transform")(states)
+        h = nn.gelu(h, approximate=False)
+        h = layer_norm(cfg, "layer_norm")(h)
+        bias = self.param("output_bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
+        logits = jnp.einsum(
+            "bph,vh->bpv", h.astype(cfg.dtype), word_table.astype(cfg.dtype),
+            preferred_element_type=jnp.float32,
+        )  # (B, P, V)
+        return constrain(logits + bias, ("batch", "length", "vocab"))
+
+
+class PreTrainingOutput(NamedTuple):
+    mlm_logits: jax.Array  # (B, P, V) at the gathered masked_lm_positions only
+    nsp_logits: jax.Array  # (B, 2) 0 = B follows A, 1 = B is random (the original labels)
+
+
+class BertForPreTraining(nn.Module):
+    """Encoder + MLM head (only at `masked_lm_positions`) + next-sentence head."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.bert = BertModel(self.config)
+        self.mlm = MaskedLMHead(self.config)
+        self.nsp = dense(self.config, 2, ("embed", None), "nsp")
+
+    def __call__(
+        self,
+        input_ids,
+        input_mask,
+        token_type_ids,
+        masked_lm_positions,  # (B, P) int
+        *,
+        deterministic: bool = True,
+    ) -> PreTrainingOutput:
+        out = self.bert(input_ids, input_mask, token_type_ids, deterministic=deterministic)
+        masked_states = gather_positions(out.sequence_output, masked_lm_positions)
+        mlm_logits = self.mlm(masked_states, self.bert.embeddings.word_table())
+        return PreTrainingOutput(mlm_logits, self.nsp(out.pooled_output))
+
+    def encode(self, input_ids, input_mask, token_type_ids, **kwargs) -> BertOutput:
+        """The encoder alone (e.g. for feature extraction from a pretraining model)."""
+        return self.bert(input_ids, input_mask, token_type_ids, **kwargs)
+
+
+class BertForSequenceClassification(nn.Module):
+    """Pooled [CLS] -> dropout -> dense; `num_labels=1` is regression."""
+
+    config: BertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask, token_type_ids, *, deterministic: bool = True):
+        out = BertModel(self.config, name="bert")(
+            input_ids, input_mask, token_type_ids, deterministic=deterministic
+        )
+        x = nn.Dropout(self.config.hidden_dropout_prob)(out.pooled_output, deterministic)
+        return dense(self.config, self.num_labels, ("embed", None), "classifier")(x)  # (B, C)
+
+
+class BertForTokenClassification(nn.Module):
+    """Every position -> dropout -> dense (labels are read at each word's first piece)."""
+
+    config: BertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask, token_type_ids, *, deterministic: bool = True):
+        out = BertModel(self.config, add_pooling_layer=False, name="bert")(
+            input_ids, input_mask, token_type_ids, deterministic=deterministic
+        )
+        x = nn.Dropout(self.config.hidden_dropout_prob)(out.sequence_output, deterministic)
+        return dense(self.config, self.num_labels, ("embed", None), "classifier")(x)  # (B, T, C)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Start and end logits of an answer span over every position."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask, token_type_ids, *, deterministic: bool = True):
+        out = BertModel(self.config, add_pooling_layer=False, name="bert")(
+            input_ids, input_mask, token_type_ids, deterministic=deterministic
+        )
+        logits = dense(self.config, 2, ("embed", None), "qa_outputs")(out.sequence_output)
+        return logits[..., 0], logits[..., 1]  # (B, T) start, (B, T) end

@@ -1,0 +1,261 @@
+"""The BERT encoder in Flax linen: embeddings, post-LN transformer layers, pooler.
+
+Every parameter and every block-boundary activation carries logical axis names
+(`batch length embed heads kv mlp vocab layers`); `bert_jax.sharding` maps them onto a
+device mesh. With `dtype="bfloat16"` matmul inputs are bf16 while every matmul
+accumulates in f32 and LayerNorm, softmax and the residual stream stay in f32.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.config import BertConfig
+
+# TF1's truncated_normal_initializer(stddev) draws from N(0, stddev) cut at 2 stddev, so
+# its samples have a smaller spread; jax's initializer normalises to the requested stddev.
+_TRUNCATED_STD = 0.87962566103423978
+
+
+def weight_init(config: BertConfig, names: tuple[str, ...]):
+    """The original BERT weight init, boxed with logical axis `names`."""
+    init = nn.initializers.truncated_normal(config.initializer_range * _TRUNCATED_STD)
+    return nn.with_logical_partitioning(init, names)
+
+
+def zeros_init(names: tuple[str, ...]):
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def ones_init(names: tuple[str, ...]):
+    return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
+
+
+# Matmuls take inputs in the compute dtype but always accumulate (and return) f32.
+f32_accumulating_dot = functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32)
+
+
+def constrain(x: jax.Array, names: tuple[str, ...]) -> jax.Array:
+    """Annotates an activation with logical axes (a no-op outside a mesh context)."""
+    return nn.with_logical_constraint(x, names)
+
+
+def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_eps,
+        dtype=jnp.float32,
+        param_dtype=config.param_dtype,
+        scale_init=ones_init(("embed",)),
+        bias_init=zeros_init(("embed",)),
+        name=name,
+    )
+
+
+def dense(config: BertConfig, features, names: tuple[str, ...], name: str, axis=-1):
+    """A DenseGeneral in the compute dtype with f32 accumulation and named axes."""
+    out_names = names[-1:] if isinstance(features, int) else names[-len(features) :]
+    return nn.DenseGeneral(
+        features=features,
+        axis=axis,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        dot_general=f32_accumulating_dot,
+        kernel_init=weight_init(config, names),
+        bias_init=zeros_init(out_names),
+        name=name,
+    )
+
+
+def attention_bias(input_mask: jax.Array) -> jax.Array:
+    """(B, S) 1/0 mask -> (B, 1, 1, S) additive bias: 0 where attended, -inf-ish elsewhere."""
+    big_negative = jnp.finfo(jnp.float32).min
+    return jnp.where(input_mask[:, None, None, :] > 0, 0.0, big_negative).astype(jnp.float32)
+
+
+class Embeddings(nn.Module):
+    """word + position + token-type embeddings, then LayerNorm and dropout."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        embed = functools.partial(nn.Embed, features=cfg.hidden_size, param_dtype=cfg.param_dtype)
+        self.word_embeddings = embed(
+            cfg.vocab_size, embedding_init=weight_init(cfg, ("vocab", "embed"))
+        )
+        self.position_embeddings = embed(
+            cfg.max_position_embeddings, embedding_init=weight_init(cfg, (None, "embed"))
+        )
+        self.token_type_embeddings = embed(
+            cfg.type_vocab_size, embedding_init=weight_init(cfg, (None, "embed"))
+        )
+        self.layer_norm = layer_norm(cfg, "layer_norm")
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def __call__(self, input_ids, token_type_ids, deterministic: bool):
+        length = input_ids.shape[1]
+        if length > self.config.max_position_embeddings:
+            raise ValueError(
+                f"input_ids has length {length} > max_position_embeddings "
+                f"{self.config.max_position_embeddings}"
+            )
+        x = self.word_embeddings(input_ids)  # (B, T, H)
+        x = x + self.position_embeddings(jnp.arange(length))[None]
+        x = x + self.token_type_embeddings(token_type_ids)
+        x = self.layer_norm(x.astype(jnp.float32))
+        x = self.dropout(x, deterministic=deterministic)
+        return constrain(x, ("batch", "length", "embed"))
+
+    def word_table(self) -> jax.Array:
+        """The (V, H) word-embedding table, for the tied MLM decoder."""
+        return self.word_embeddings.embedding
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with an additive mask; softmax in f32."""
+
+    config: BertConfig
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, x, bias):  # x: (B, T, H), bias: (B, 1, 1, T)
+        cfg = self.config
+        heads = (cfg.num_attention_heads, cfg.head_dim)
+        names = ("embed", "heads", "kv")
+        q = dense(cfg, heads, names, "query")(x)  # (B, T, A, D)
+        k = dense(cfg, heads, names, "key")(x)
+        v = dense(cfg, heads, names, "value")(x)
+        q = constrain(q, ("batch", "length", "heads", "kv"))
+        k = constrain(k, ("batch", "length", "heads", "kv"))
+        v = constrain(v, ("batch", "length", "heads", "kv"))
+
+        q = q / math.sqrt(cfg.head_dim)
+        logits = jnp.einsum(
+            "btad,bsad->bats", q.astype(cfg.dtype), k.astype(cfg.dtype),
+            preferred_element_type=jnp.float32,
+        )  # (B, A, T, S)
+        probs = jax.nn.softmax(logits + bias, axis=-1)
+        probs = nn.Dropout(cfg.attention_probs_dropout_prob)(probs, self.deterministic)
+        context = jnp.einsum(
+            "bats,bsad->btad", probs.astype(cfg.dtype), v.astype(cfg.dtype),
+            preferred_element_type=jnp.float32,
+        )  # (B, T, A, D)
+        context = constrain(context, ("batch", "length", "heads", "kv"))
+        return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1))(
+            context
+        )
+
+
+class TransformerLayer(nn.Module):
+    """One post-LN BERT layer; returns (x, x or None) so that it can be scanned."""
+
+    config: BertConfig
+    deterministic: bool
+    return_hidden: bool = False
+
+    @nn.compact
+    def __call__(self, x, bias):
+        cfg = self.config
+        drop = functools.partial(nn.Dropout(cfg.hidden_dropout_prob), deterministic=self.deterministic)
+        h = SelfAttention(cfg, self.deterministic, name="attention")(x, bias)
+        x = layer_norm(cfg, "attention_layer_norm")(x + drop(h))
+        x = constrain(x, ("batch", "length", "embed"))
+
+        h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)
+        h = constrain(h, ("batch", "length", "mlp"))
+        h = nn.gelu(h, approximate=False)
+        h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
+        x = layer_norm(cfg, "output_layer_norm")(x + drop(h))
+        x = constrain(x, ("batch", "length", "embed"))
+        return x, (x if self.return_hidden else None)
+
+
+def remat_policy(name: str):
+    """Resolves a `remat_policy` name to a `jax.checkpoint_policies` entry."""
+    if name in ("full", "nothing_saveable"):
+        return jax.checkpoint_policies.nothing_saveable
+    return getattr(jax.checkpoint_policies, name)
+
+
+class Encoder(nn.Module):
+    """The stack of layers, looped (`layer_N`) or scanned (`layers`, stacked on axis 0)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x, bias, deterministic: bool, return_hidden: bool):
+        """Returns the last layer's output and, if `return_hidden`, every layer's."""
+        cfg = self.config
+        layer = TransformerLayer
+        if cfg.remat_policy != "none":
+            layer = nn.remat(
+                layer, policy=remat_policy(cfg.remat_policy), prevent_cse=not cfg.scan_layers
+            )
+        if cfg.scan_layers:
+            scanned = nn.scan(
+                layer,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=nn.broadcast,
+                length=cfg.num_hidden_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
+            x, hidden = scanned(cfg, deterministic, return_hidden, name="layers")(x, bias)
+            hidden = list(hidden) if return_hidden else []  # L x (B, T, H)
+        else:
+            hidden = []
+            for i in range(cfg.num_hidden_layers):
+                x, _ = layer(cfg, deterministic, name=f"layer_{i}")(x, bias)
+                if return_hidden:
+                    hidden.append(x)
+        return x, hidden
+
+
+class BertOutput(NamedTuple):
+    sequence_output: jax.Array  # (B, T, H) last layer
+    pooled_output: jax.Array | None  # (B, H) tanh(dense([CLS]))
+    hidden_states: tuple[jax.Array, ...]  # embeddings + every layer, when asked for
+
+
+class BertModel(nn.Module):
+    """The BERT encoder with the [CLS] pooler."""
+
+    config: BertConfig
+    add_pooling_layer: bool = True
+
+    def setup(self):
+        self.embeddings = Embeddings(self.config)
+        self.encoder = Encoder(self.config)
+        if self.add_pooling_layer:
+            self.pooler = dense(self.config, self.config.hidden_size, ("embed", "mlp"), "pooler")
+
+    def __call__(
+        self,
+        input_ids: jax.Array,  # (B, T) int
+        input_mask: jax.Array | None = None,  # (B, T) 1 for tokens, 0 for padding
+        token_type_ids: jax.Array | None = None,  # (B, T) segment ids
+        *,
+        deterministic: bool = True,
+        output_hidden_states: bool = False,
+    ) -> BertOutput:
+        if input_mask is None:
+            input_mask = jnp.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        embedded = self.embeddings(input_ids, token_type_ids, deterministic)
+        bias = attention_bias(input_mask)
+        x, hidden = self.encoder(embedded, bias, deterministic, output_hidden_states)
+        pooled = None
+        if self.add_pooling_layer:
+            pooled = jnp.tanh(self.pooler(x[:, 0]).astype(jnp.float32))  # (B, H)
+        states = (embedded, *hidden) if output_hidden_states else ()
+        return BertOutput(x, pooled, states)
+
+    def word_table(self) -> jax.Array:
+        return self.embeddings.word_table()
