@@ -37,10 +37,6 @@ def ones_init(names: tuple[str, ...]):
     return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
 
 
-# Matmuls take inputs in the compute dtype but always accumulate (and return) f32.
-f32_accumulating_dot = functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32)
-
-
 def constrain(x: jax.Array, names: tuple[str, ...]) -> jax.Array:
     """Annotates an activation with logical axes (a no-op outside a mesh context)."""
     return nn.with_logical_constraint(x, names)
@@ -57,19 +53,41 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
     )
 
 
-def dense(config: BertConfig, features, names: tuple[str, ...], name: str, axis=-1):
-    """A DenseGeneral in the compute dtype with f32 accumulation and named axes."""
-    out_names = names[-1:] if isinstance(features, int) else names[-len(features) :]
-    return nn.DenseGeneral(
-        features=features,
-        axis=axis,
-        dtype=config.dtype,
-        param_dtype=config.param_dtype,
-        dot_general=f32_accumulating_dot,
-        kernel_init=weight_init(config, names),
-        bias_init=zeros_init(out_names),
-        name=name,
-    )
+class Dense(nn.Module):
+    """A dense layer over the last `contract` input axes, with logical axis names.
+
+    Inputs and kernel are cast to the compute dtype, the matmul accumulates and returns
+    f32. (Flax's DenseGeneral initialises a flattened kernel, which breaks named-axis
+    boxes of rank > 2 under a mesh; here the kernel is created at its real shape.)
+    """
+
+    config: BertConfig
+    features: tuple[int, ...]
+    names: tuple[str | None, ...]  # logical names of the kernel's axes
+    contract: int = 1
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        kernel_shape = x.shape[x.ndim - self.contract :] + self.features
+        kernel = self.param("kernel", weight_init(cfg, self.names), kernel_shape, cfg.param_dtype)
+        out_names = self.names[self.contract :]
+        bias = self.param("bias", zeros_init(out_names), self.features, cfg.param_dtype)
+        x_axes = tuple(range(x.ndim - self.contract, x.ndim))
+        y = jax.lax.dot_general(
+            x.astype(cfg.dtype),
+            kernel.astype(cfg.dtype),
+            ((x_axes, tuple(range(self.contract))), ((), ())),
+            preferred_element_type=jnp.float32,
+        )
+        return y + bias.astype(jnp.float32)
+
+
+def dense(config: BertConfig, features, names: tuple[str | None, ...], name: str, axis=-1):
+    """`Dense` producing `features` (an int or a tuple) from the input's `axis` dims."""
+    features = (features,) if isinstance(features, int) else tuple(features)
+    contract = 1 if isinstance(axis, int) else len(axis)
+    return Dense(config, features, names, contract, name=name)
 
 
 def attention_bias(input_mask: jax.Array) -> jax.Array:

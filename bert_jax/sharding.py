@@ -1,0 +1,120 @@
+"""The device mesh, the logical-axis rule table, and sharded initialisation.
+
+The model names its axes (`batch length embed heads kv mlp vocab layers`); this module
+maps those names onto a `('data', 'fsdp', 'tensor')` mesh. Switching between data
+parallelism, FSDP and tensor parallelism is a change of mesh shape (and, rarely, of
+rules) in the experiment config, never a change of model code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Logical axis -> mesh axes, in priority order. An axis whose mesh axes are already taken
+# by an earlier dimension of the same array stays unsharded (flax's rule), so activations
+# `(batch, length, embed)` shard batch over data+fsdp and leave embed whole, while the
+# parameters' `embed` dimension is split over fsdp (ZeRO-3 style).
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("embed", "fsdp"),
+    ("length", None),
+    ("kv", None),
+    ("layers", None),
+)
+
+
+def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
+    """Replaces one -1 in `mesh_shape` by whatever makes the product `num_devices`."""
+    shape = [int(s) for s in mesh_shape]
+    if len(shape) != len(MESH_AXES):
+        raise ValueError(f"mesh_shape {tuple(shape)} must have one entry per axis {MESH_AXES}")
+    if shape.count(-1) > 1:
+        raise ValueError(f"mesh_shape {tuple(shape)} has more than one -1")
+    if any(s == 0 or s < -1 for s in shape):
+        raise ValueError(f"mesh_shape {tuple(shape)} entries must be positive or -1")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if num_devices % known:
+            raise ValueError(
+                f"mesh_shape {tuple(shape)}: {num_devices} devices do not divide by {known}"
+            )
+        shape[shape.index(-1)] = num_devices // known
+    if math.prod(shape) != num_devices:
+        raise ValueError(
+            f"mesh_shape {tuple(shape)} uses {math.prod(shape)} devices but {num_devices} exist"
+        )
+    return tuple(shape)
+
+
+def create_mesh(mesh_shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
+    """A `('data', 'fsdp', 'tensor')` mesh over `devices` (default: all), -1 fills the rest."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = resolve_mesh_shape(mesh_shape, len(devices))
+    try:  # topology-aware placement on TPU/GPU; it refuses some shapes on CPU
+        device_array = mesh_utils.create_device_mesh(shape, devices)
+    except (ValueError, NotImplementedError, AssertionError):
+        device_array = np.asarray(devices).reshape(shape)
+    return Mesh(device_array, MESH_AXES)
+
+
+def logical_to_shardings(logical_specs: Any, mesh: Mesh, rules=DEFAULT_RULES) -> Any:
+    """A tree of logical `PartitionSpec`s -> a tree of `NamedSharding`s on `mesh`."""
+    return nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
+
+
+def shardings_of(abstract_variables: Any, mesh: Mesh, rules=DEFAULT_RULES) -> Any:
+    """Shardings for a (boxed, possibly abstract) variable tree from `nn.Partitioned` names.
+
+    Leaves without axis names (e.g. an optimizer step counter) are replicated.
+    """
+    specs = nn.get_partition_spec(abstract_variables)
+    return logical_to_shardings(specs, mesh, rules)
+
+
+def init_sharded(init_fn: Callable[..., Any], mesh: Mesh, *args, rules=DEFAULT_RULES):
+    """Runs `init_fn(*args)` with its outputs born sharded; returns (unboxed, shardings).
+
+    `jax.eval_shape` finds the output structure and axis names without allocating;
+    the jitted init then writes each shard straight onto its devices.
+    """
+    abstract = jax.eval_shape(init_fn, *args)
+    shardings = nn.unbox(shardings_of(abstract, mesh, rules))
+    # No ambient mesh here: flax would then constrain DenseGeneral's flat (pre-reshape)
+    # kernels with the full-rank names; `out_shardings` already places every leaf.
+    variables = jax.jit(lambda *a: nn.unbox(init_fn(*a)), out_shardings=shardings)(*args)
+    return variables, shardings
+
+
+@contextlib.contextmanager
+def activation_context(mesh: Mesh, rules=DEFAULT_RULES):
+    """The ambient mesh and rules under which the model's activation constraints apply."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        yield
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Examples split over the data and fsdp axes, replicated over tensor."""
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+
+
+def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """This host's slice of a batch -> global `jax.Array`s sharded over data x fsdp."""
+    sharding = batch_sharding(mesh)
+    return {
+        k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+        for k, v in local_batch.items()
+    }
