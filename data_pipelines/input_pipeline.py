@@ -200,7 +200,10 @@ class PretrainingIterator:
         self.spec = spec
         position = dict(initial_position() if position is None else position)
         _check_position(spec, position)
-        self._position = {"epoch": int(position["epoch"]), "batch_in_epoch": int(position["batch_in_epoch"])}
+        self._position = {
+            "epoch": int(position["epoch"]),
+            "batch_in_epoch": int(position["batch_in_epoch"]),
+        }
         self.dataset = build_dataset(spec, self._position)
         self._batches = self.dataset.as_numpy_iterator()
 
@@ -257,8 +260,10 @@ def _check_records(spec: PipelineSpec) -> None:
         feature_spec = tfrecords.pretraining_feature_spec(
             spec.max_seq_length, spec.max_predictions_per_seq
         )
-        kind = f"masked records (max_seq_length={spec.max_seq_length}, " \
+        kind = (
+            f"masked records (max_seq_length={spec.max_seq_length}, "
             f"max_predictions_per_seq={spec.max_predictions_per_seq})"
+        )
     else:
         feature_spec = tfrecords.unmasked_feature_spec(spec.max_seq_length)
         kind = f"unmasked records (max_seq_length={spec.max_seq_length})"

@@ -78,6 +78,31 @@ def _num_to_predict(num_tokens: tf.Tensor, masked_lm_prob: float, limit: int) ->
     return tf.minimum(limit, tf.maximum(1, tf.cast(expected, tf.int32)))
 
 
+def random_draws(
+    seed: tf.Tensor, batch: Any, length: Any, vocab_size: int
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """All the randomness of one `mask_batch` call, as a function of its seed.
+
+    Returns:
+        `scores` (B, T) int64: unit u of a row is visited in descending order of
+        `scores[:, u]`; `action` (B, T) float32 in [0, 1): a chosen token becomes [MASK]
+        below 0.8, `random_ids` below 0.9, else stays; `random_ids` (B, T) int32 uniform in
+        [0, vocab_size).
+    """
+    order_seed, action_seed, token_seed = tf.unstack(
+        tf.random.experimental.stateless_split(seed, 3, alg=_ALG)
+    )
+    shape = tf.stack([batch, length])
+    scores = tf.random.stateless_uniform(
+        shape, order_seed, minval=None, maxval=None, dtype=tf.int64, alg=_ALG
+    )
+    action = tf.random.stateless_uniform(shape, action_seed, alg=_ALG)
+    random_ids = tf.random.stateless_uniform(
+        shape, token_seed, minval=0, maxval=vocab_size, dtype=tf.int32, alg=_ALG
+    )
+    return scores, action, random_ids
+
+
 def _greedy_take(sizes: tf.Tensor, num_units: tf.Tensor, budget: tf.Tensor) -> tf.Tensor:
     """Which units (in visiting order) fit, taking each unit that does not overshoot.
 
@@ -124,9 +149,7 @@ def _mask_batch(
     whole_word: bool,
 ) -> dict[str, tf.Tensor]:
     batch, length = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
-    order_seed, action_seed, token_seed = tf.unstack(
-        tf.random.experimental.stateless_split(seed, 3, alg=_ALG)
-    )
+    scores, action, random_ids = random_draws(seed, batch, length, vocab_size)
     candidate = real & ~special  # (B, T)
     budget = _num_to_predict(
         tf.reduce_sum(tf.cast(real, tf.int32), 1), masked_lm_prob, max_predictions_per_seq
@@ -152,9 +175,6 @@ def _mask_batch(
 
     # A uniformly random visiting order of the valid units: sort independent 64-bit scores;
     # invalid units get the lowest score, so they come last in a descending sort.
-    scores = tf.random.stateless_uniform(
-        [batch, length], order_seed, minval=None, maxval=None, dtype=tf.int64, alg=_ALG
-    )
     unit_ids = tf.range(length)[None, :]
     scores = tf.where(unit_ids < num_units[:, None], scores, tf.int64.min)
     order = tf.argsort(scores, axis=1, direction="DESCENDING", stable=True)  # (B, U)
@@ -168,10 +188,6 @@ def _mask_batch(
     chosen = candidate & tf.gather(unit_taken, unit_of_token, batch_dims=1)  # (B, T)
 
     # 80% [MASK], 10% a uniformly random vocabulary id, 10% unchanged; decided per token.
-    action = tf.random.stateless_uniform([batch, length], action_seed, alg=_ALG)
-    random_ids = tf.random.stateless_uniform(
-        [batch, length], token_seed, minval=0, maxval=vocab_size, dtype=tf.int32, alg=_ALG
-    )
     masked_ids = tf.where(
         action < _MASK_BELOW,
         tf.cast(mask_id, input_ids.dtype),
@@ -329,4 +345,3 @@ def mask_features(
         "masked_lm_weights": masked["masked_lm_weights"],
         "next_sentence_labels": features["next_sentence_labels"],
     }
-

@@ -302,7 +302,7 @@ class TFRecordShardWriter:
         options = tf.io.TFRecordOptions(compression_type=compression or "")
         self._writers = []
         try:
-            for path, temporary in zip(self.paths, self._temporary):
+            for path, temporary in zip(self.paths, self._temporary, strict=True):
                 directory = os.path.dirname(path)
                 if directory:
                     tf.io.gfile.makedirs(directory)
@@ -334,7 +334,7 @@ class TFRecordShardWriter:
         try:
             for writer in self._writers:
                 writer.close()
-            for temporary, path in zip(self._temporary, self.paths):
+            for temporary, path in zip(self._temporary, self.paths, strict=True):
                 tf.io.gfile.rename(temporary, path, overwrite=True)
         except Exception:
             self._discard()
