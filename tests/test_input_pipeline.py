@@ -322,7 +322,7 @@ def test_per_host_sharding_is_a_disjoint_split(static_files):
 def test_resume_yields_the_uninterrupted_batches(static_files):
     reference = _make(static_files)
     expected = [next(reference) for _ in range(25)]  # 2.5 epochs of 10 batches
-    for consumed in (0, 3, 10, 13, 20):
+    for consumed in (3, 13, 20):  # mid-epoch 0, mid-epoch 1, an epoch boundary
         run = _make(static_files)
         for _ in range(consumed):
             next(run)
