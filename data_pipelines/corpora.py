@@ -48,10 +48,13 @@ class Document:
         words: optional word segmentation, one list of words per sentence, whose
             concatenation is the sentence. Used for whole-word masking of languages that
             WordPiece splits into single characters (Chinese).
+        needs_split: `sentences` are paragraphs still to be split into sentences
+            (`split_document`); instance creation does that, in its worker processes.
     """
 
     sentences: list[str]
     words: list[list[str]] | None = None
+    needs_split: bool = False
 
 
 @dataclasses.dataclass
@@ -161,7 +164,11 @@ def iter_lines(path: str, stats: ReadStats) -> Iterator[str]:
 
 
 def read_documents(
-    paths: Iterable[str], stats: ReadStats, *, word_boundary_files: bool = False
+    paths: Iterable[str],
+    stats: ReadStats,
+    *,
+    word_boundary_files: bool = False,
+    lines_are_paragraphs: bool = False,
 ) -> Iterator[Document]:
     """Streams documents from files in the original BERT input format.
 
@@ -174,6 +181,8 @@ def read_documents(
         word_boundary_files: also read `<path>.words` for every input: the same lines
             with the words of each sentence separated by single spaces (as written by
             `prepare_corpus` for Chinese), and attach them as `Document.words`.
+        lines_are_paragraphs: the lines are paragraphs, not sentences: mark the documents
+            `needs_split`.
 
     Yields:
         Documents with at least one sentence.
@@ -191,10 +200,10 @@ def read_documents(
             if line:
                 sentences.append(line)
             elif sentences:
-                yield Document(sentences)
+                yield Document(sentences, needs_split=lines_are_paragraphs)
                 sentences = []
         if sentences:
-            yield Document(sentences)
+            yield Document(sentences, needs_split=lines_are_paragraphs)
 
 
 def _read_with_words(path: str, stats: ReadStats) -> Iterator[Document]:
@@ -258,8 +267,7 @@ def split_document(document: Document, splitter: Callable[[str], list[str]]) -> 
     """Splits every paragraph of a document (without word segmentation) into sentences."""
     if document.words is not None:
         raise ValueError("a document with a word segmentation is already split into sentences")
-    sentences = [s for paragraph in document.sentences for s in splitter(paragraph)]
-    return Document(sentences)
+    return Document([s for paragraph in document.sentences for s in splitter(paragraph)])
 
 
 # ----------------------------------------------------------------------------------------
@@ -295,7 +303,7 @@ def documents_from_examples(
         stats.lines += len(paragraphs)
         paragraphs = [p for p in paragraphs if p]
         if paragraphs:
-            yield Document(paragraphs)
+            yield Document(paragraphs, needs_split=True)
 
 
 def tfds_documents(
@@ -370,7 +378,7 @@ def parse_play(markdown: str) -> list[Document]:
     def end_scene() -> None:
         end_speech()
         if speeches:
-            scenes.append(Document(list(speeches)))
+            scenes.append(Document(list(speeches), needs_split=True))
             speeches.clear()
 
     for raw in markdown.splitlines():

@@ -42,6 +42,7 @@ word, so a unit never spans `[SEP]`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 from collections.abc import Sequence
 from typing import Protocol
@@ -50,33 +51,36 @@ import numpy as np
 
 from data_pipelines.corpora import Document
 
-# A segment: a sentence as token ids and the parallel word_starts flags.
-Segment = tuple[list[int], list[int]]
-# A tokenized document: its non-empty segments.
-TokenizedDocument = list[Segment]
+# A segment (a tokenized sentence) as (start, length) in its chunk's flat token array.
+Segment = tuple[int, int]
 
 
 class Tokenizer(Protocol):
-    """What instance creation needs from `data_pipelines.tokenization.WordPieceTokenizer`."""
+    """What instance creation needs from `data_pipelines.tokenization`'s tokenizers."""
 
     cls_id: int
     sep_id: int
+    vocab_size: int
 
-    def tokenize_batch(self, texts: Sequence[str]) -> list[list[str]]: ...
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
 
-    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]: ...
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]: ...
 
     def is_continuation(self, token: str) -> bool: ...
 
 
 @dataclasses.dataclass
-class Instance:
-    """`[CLS] A [SEP] B [SEP]`, unpadded, before masking."""
+class TokenizedChunk:
+    """The tokenized documents of one chunk: all tokens in flat arrays, sentences as ranges.
 
-    input_ids: list[int]
-    segment_ids: list[int]
-    next_sentence_label: int  # 0: B follows A in the document; 1: B is from another one
-    word_starts: list[int]
+    Keeping tokens in two flat arrays and documents as (start, length) ranges makes the
+    pairing algorithm move a few integers per sentence instead of copying token lists,
+    and lets `assemble` build the padded instances with vectorised gathers.
+    """
+
+    token_ids: np.ndarray  # (S,) int32, every token of the chunk
+    word_starts: np.ndarray  # (S,) int32, 1 where a token starts a word
+    documents: list[list[Segment]]  # per document, its non-empty sentences
 
 
 @dataclasses.dataclass
@@ -89,10 +93,14 @@ class InstanceStats:
     # Sentences with more tokens than fit in one instance (max_seq_length - 3): their
     # tokens get truncated wherever they are used.
     overlong_sentences: int = 0
+    one_sentence_documents: int = 0
     # Documents dropped because no sentence of theirs has a token.
     empty_documents: int = 0
     instances: int = 0
     random_next: int = 0
+    # Random-next instances that had no choice: a single sentence was accumulated (the end
+    # of a document, or one sentence at least as long as the target), as in the original.
+    forced_random_next: int = 0
     truncated_instances: int = 0
     truncated_tokens: int = 0
     # Instance tokens (including [CLS]/[SEP]), summed over instances.
@@ -103,151 +111,202 @@ class InstanceStats:
             setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
 
+def chunk_from_token_lists(
+    documents: Sequence[Sequence[Sequence[int]]],
+    word_starts: Sequence[Sequence[Sequence[int]]] | None = None,
+) -> TokenizedChunk:
+    """A chunk from documents given as lists of sentences of token ids (drops empties).
+
+    Args:
+        documents: per document, per sentence, the token ids.
+        word_starts: the same nesting of word-start flags; all ones when None.
+    """
+    flat_ids: list[int] = []
+    flat_starts: list[int] = []
+    chunk_documents: list[list[Segment]] = []
+    for d, document in enumerate(documents):
+        segments = []
+        for s, ids in enumerate(document):
+            if not len(ids):
+                continue
+            segments.append((len(flat_ids), len(ids)))
+            flat_ids.extend(ids)
+            flat_starts.extend(word_starts[d][s] if word_starts is not None else [1] * len(ids))
+        if segments:
+            chunk_documents.append(segments)
+    return TokenizedChunk(
+        np.asarray(flat_ids, np.int32).reshape(-1),
+        np.asarray(flat_starts, np.int32).reshape(-1),
+        chunk_documents,
+    )
+
+
 class DocumentTokenizer:
-    """Tokenizes chunks of documents into segments (ids + word_starts), batched in Rust.
+    """Tokenizes chunks of documents, batched in Rust, into a `TokenizedChunk`.
+
+    Word starts come from `Document.words` where a document has them (Chinese): each
+    segmented word is tokenized on its own and its first token starts the word. For other
+    documents a token starts a word unless it is a continuation piece (`##x`).
 
     Args:
         tokenizer: a WordPiece or sentencepiece tokenizer from `data_pipelines.tokenization`.
-        use_word_segmentation: take word starts from `Document.words` where a document has
-            them (Chinese): each segmented word is tokenized on its own and its first
-            token starts the word. Otherwise (and for documents without words) a token
-            starts a word unless it is a continuation piece (`##x`).
     """
 
-    def __init__(self, tokenizer: Tokenizer, *, use_word_segmentation: bool = True):
+    def __init__(self, tokenizer: Tokenizer):
         self._tokenizer = tokenizer
-        self._use_words = use_word_segmentation
-        # token -> (id, 1 if it starts a word else 0): the vocabulary is small, the corpus
-        # large, so each distinct token is looked up once.
-        self._token_info: dict[str, tuple[int, int]] = {}
-
-    def _info(self, tokens: list[str]) -> tuple[list[int], list[int]]:
-        cache = self._token_info
-        missing = [t for t in set(tokens) if t not in cache]
-        if missing:
-            ids = self._tokenizer.convert_tokens_to_ids(missing)
-            for token, token_id in zip(missing, ids):
-                cache[token] = (token_id, 0 if self._tokenizer.is_continuation(token) else 1)
-        pairs = [cache[t] for t in tokens]
-        return [p[0] for p in pairs], [p[1] for p in pairs]
+        vocab = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+        self._starts_by_id = np.asarray(
+            [0 if tokenizer.is_continuation(t) else 1 for t in vocab], np.int32
+        )
 
     def __call__(
         self, documents: Sequence[Document], stats: InstanceStats, max_num_tokens: int
-    ) -> list[TokenizedDocument]:
+    ) -> TokenizedChunk:
         """Tokenizes documents; drops empty sentences and documents (counted in `stats`)."""
-        plain = [d for d in documents if not (self._use_words and d.words is not None)]
-        plain_tokens = self._tokenizer.tokenize_batch([s for d in plain for s in d.sentences])
-        segmented = [d for d in documents if self._use_words and d.words is not None]
-        word_tokens = self._tokenize_words(segmented)
+        plain = [s for d in documents if d.words is None for s in d.sentences]
+        plain_ids = iter(self._tokenizer.encode_batch(plain))
+        word_table = self._tokenize_words([d for d in documents if d.words is not None])
 
-        result: list[TokenizedDocument] = []
-        plain_iter = iter(plain_tokens)
+        # Sentence by sentence: (ids, starts or None for "look them up by id").
+        sentences: list[tuple[list[int], list[int] | None]] = []
+        doc_sizes: list[int] = []
         for document in documents:
-            segments: TokenizedDocument = []
-            if self._use_words and document.words is not None:
+            before = len(sentences)
+            if document.words is not None:
                 for words in document.words:
-                    ids: list[int] = []
-                    starts: list[int] = []
-                    for word in words:
-                        word_ids, word_starts = word_tokens[word]
-                        ids.extend(word_ids)
-                        starts.extend(word_starts)
+                    pieces = [word_table[w] for w in words]
+                    ids = [i for word_ids, _ in pieces for i in word_ids]
                     if ids:
-                        segments.append((ids, starts))
+                        sentences.append((ids, [f for _, starts in pieces for f in starts]))
             else:
                 for _ in document.sentences:
-                    tokens = next(plain_iter)
-                    if tokens:
-                        segments.append(self._info(tokens))
-            stats.sentences += len(segments)
-            stats.tokens += sum(len(s[0]) for s in segments)
-            stats.overlong_sentences += sum(len(s[0]) > max_num_tokens for s in segments)
+                    ids = next(plain_ids)
+                    if ids:
+                        sentences.append((ids, None))
+            doc_sizes.append(len(sentences) - before)
+
+        lengths = np.fromiter((len(ids) for ids, _ in sentences), np.int64, len(sentences))
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        total = int(offsets[-1])
+        token_ids = np.fromiter(
+            itertools.chain.from_iterable(ids for ids, _ in sentences), np.int32, total
+        )
+        word_starts = self._starts_by_id[token_ids]
+        for (_, starts), start, length in zip(sentences, offsets[:-1], lengths):
+            if starts is not None:
+                word_starts[start : start + length] = starts
+
+        chunk_documents: list[list[Segment]] = []
+        index = 0
+        for size in doc_sizes:
+            segments = [
+                (int(offsets[i]), int(lengths[i])) for i in range(index, index + size)
+            ]
+            index += size
             if segments:
-                stats.documents += 1
-                result.append(segments)
+                chunk_documents.append(segments)
+                stats.one_sentence_documents += size == 1
             else:
                 stats.empty_documents += 1
-        return result
+        stats.documents += len(chunk_documents)
+        stats.sentences += len(sentences)
+        stats.tokens += total
+        stats.overlong_sentences += int((lengths > max_num_tokens).sum())
+        return TokenizedChunk(token_ids, word_starts, chunk_documents)
 
-    def _tokenize_words(self, documents: Sequence[Document]) -> dict[str, Segment]:
+    def _tokenize_words(self, documents: Sequence[Document]) -> dict[str, tuple[list, list]]:
+        """Each distinct word of the documents -> (its ids, its starts: 1 then 0s)."""
         unique = sorted({w for d in documents for words in d.words or () for w in words})
-        table: dict[str, Segment] = {}
-        for word, tokens in zip(unique, self._tokenizer.tokenize_batch(unique)):
-            ids, _ = self._info(tokens)
+        table = {}
+        for word, ids in zip(unique, self._tokenizer.encode_batch(unique)):
             table[word] = (ids, [1] + [0] * (len(ids) - 1) if ids else [])
         return table
 
 
-def truncate_seq_pair(
-    tokens_a: Segment, tokens_b: Segment, max_num_tokens: int, rng: random.Random
-) -> tuple[Segment, Segment, int]:
-    """Shortens the pair to `max_num_tokens`, one token at a time from the longer side.
+@dataclasses.dataclass
+class PairSpec:
+    """One instance `[CLS] A [SEP] B [SEP]` as token ranges of its chunk (before padding)."""
 
-    Each removed token is taken from the front or the back with probability 1/2 (one
-    `rng.random()` per token, as in the original).
+    a: list[Segment]  # the ranges of A, after truncation
+    b: list[Segment]  # the ranges of B, after truncation
+    next_sentence_label: int  # 0: B follows A in the document; 1: B is from another one
+
+
+def truncate_seq_pair(
+    len_a: int, len_b: int, max_num_tokens: int, rng: random.Random
+) -> tuple[int, int, int, int]:
+    """Shortens a pair to `max_num_tokens`, one token at a time from the longer side.
+
+    Each token is removed from the front or the back with probability 1/2, one
+    `rng.random()` per token, as in the original (which deletes list items; here only
+    the counts are kept).
 
     Returns:
-        The truncated A and B (new lists) and the number of tokens removed.
+        Tokens removed from (front of A, back of A, front of B, back of B).
     """
-    len_a, len_b = len(tokens_a[0]), len(tokens_b[0])
-    # [start, end) windows of A and B that survive; moved instead of deleting items.
-    a0, a1, b0, b1 = 0, len_a, 0, len_b
-    removed = 0
-    while (a1 - a0) + (b1 - b0) > max_num_tokens:
+    a_front = a_back = b_front = b_back = 0
+    while len_a + len_b > max_num_tokens:
         front = rng.random() < 0.5
-        if (a1 - a0) > (b1 - b0):
+        if len_a > len_b:
+            len_a -= 1
             if front:
-                a0 += 1
+                a_front += 1
             else:
-                a1 -= 1
-        elif front:
-            b0 += 1
+                a_back += 1
         else:
-            b1 -= 1
-        removed += 1
-    if not removed:
-        return tokens_a, tokens_b, 0
-    return (
-        (tokens_a[0][a0:a1], tokens_a[1][a0:a1]),
-        (tokens_b[0][b0:b1], tokens_b[1][b0:b1]),
-        removed,
-    )
+            len_b -= 1
+            if front:
+                b_front += 1
+            else:
+                b_back += 1
+    return a_front, a_back, b_front, b_back
 
 
-def _concat(segments: Sequence[Segment]) -> Segment:
-    ids: list[int] = []
-    starts: list[int] = []
-    for segment_ids, segment_starts in segments:
-        ids.extend(segment_ids)
-        starts.extend(segment_starts)
-    return ids, starts
+def _clip(segments: list[Segment], front: int, back: int) -> list[Segment]:
+    """The ranges of `segments` without their first `front` and last `back` tokens."""
+    if not front and not back:
+        return segments
+    clipped = list(segments)
+    while front:
+        start, length = clipped[0]
+        if length <= front:
+            front -= length
+            clipped.pop(0)
+        else:
+            clipped[0] = (start + front, length - front)
+            front = 0
+    while back:
+        start, length = clipped[-1]
+        if length <= back:
+            back -= length
+            clipped.pop()
+        else:
+            clipped[-1] = (start, length - back)
+            back = 0
+    return clipped
 
 
 def create_instances_from_document(
-    all_documents: Sequence[TokenizedDocument],
+    all_documents: Sequence[list[Segment]],
     document_index: int,
     max_seq_length: int,
     short_seq_prob: float,
     rng: random.Random,
-    *,
-    cls_id: int,
-    sep_id: int,
     stats: InstanceStats | None = None,
-) -> list[Instance]:
+) -> list[PairSpec]:
     """The sentence-pair instances of one document (the original algorithm, see module doc).
 
     Args:
-        all_documents: the tokenized documents that "random next" B segments come from.
+        all_documents: the documents of the chunk, as sentence ranges; "random next" B
+            segments come from them.
         document_index: the document to make instances from.
         max_seq_length: the length limit, including `[CLS]` and two `[SEP]`.
         short_seq_prob: probability of a shorter random target length.
         rng: the random stream (consumed exactly as the original does, minus masking).
-        cls_id: id of `[CLS]`.
-        sep_id: id of `[SEP]`.
         stats: optional counters to update.
 
     Returns:
-        The instances, unpadded and unmasked.
+        The instances as ranges (see `assemble`).
     """
     document = all_documents[document_index]
     max_num_tokens = max_seq_length - 3
@@ -255,87 +314,80 @@ def create_instances_from_document(
     if rng.random() < short_seq_prob:
         target_seq_length = rng.randint(2, max_num_tokens)
 
-    instances: list[Instance] = []
+    instances: list[PairSpec] = []
     current_chunk: list[Segment] = []
     current_length = 0
     i = 0
     while i < len(document):
         segment = document[i]
         current_chunk.append(segment)
-        current_length += len(segment[0])
+        current_length += segment[1]
         if i == len(document) - 1 or current_length >= target_seq_length:
             if current_chunk:
                 a_end = 1
                 if len(current_chunk) >= 2:
                     a_end = rng.randint(1, len(current_chunk) - 1)
-                tokens_a = _concat(current_chunk[:a_end])
+                tokens_a = current_chunk[:a_end]
+                len_a = sum(length for _, length in tokens_a)
 
                 # The short-circuit matters: with one segment no random number is drawn.
-                if len(current_chunk) == 1 or rng.random() < 0.5:
+                forced = len(current_chunk) == 1
+                if forced or rng.random() < 0.5:
                     is_random_next = True
-                    target_b_length = target_seq_length - len(tokens_a[0])
+                    target_b_length = target_seq_length - len_a
                     for _ in range(10):
                         random_document_index = rng.randint(0, len(all_documents) - 1)
                         if random_document_index != document_index:
                             break
                     random_document = all_documents[random_document_index]
                     random_start = rng.randint(0, len(random_document) - 1)
-                    b_segments = []
-                    b_length = 0
+                    tokens_b = []
+                    len_b = 0
                     for j in range(random_start, len(random_document)):
-                        b_segments.append(random_document[j])
-                        b_length += len(random_document[j][0])
-                        if b_length >= target_b_length:
+                        tokens_b.append(random_document[j])
+                        len_b += random_document[j][1]
+                        if len_b >= target_b_length:
                             break
-                    tokens_b = _concat(b_segments)
                     # The segments after A were not used: they start the next pair.
                     i -= len(current_chunk) - a_end
                 else:
                     is_random_next = False
-                    tokens_b = _concat(current_chunk[a_end:])
+                    tokens_b = current_chunk[a_end:]
+                    len_b = sum(length for _, length in tokens_b)
 
-                tokens_a, tokens_b, removed = truncate_seq_pair(
-                    tokens_a, tokens_b, max_num_tokens, rng
+                a_front, a_back, b_front, b_back = truncate_seq_pair(
+                    len_a, len_b, max_num_tokens, rng
                 )
-                instance = _assemble(tokens_a, tokens_b, is_random_next, cls_id, sep_id)
-                instances.append(instance)
+                instances.append(
+                    PairSpec(
+                        _clip(tokens_a, a_front, a_back),
+                        _clip(tokens_b, b_front, b_back),
+                        int(is_random_next),
+                    )
+                )
                 if stats is not None:
+                    removed = a_front + a_back + b_front + b_back
                     stats.instances += 1
                     stats.random_next += is_random_next
+                    stats.forced_random_next += forced
                     stats.truncated_instances += removed > 0
                     stats.truncated_tokens += removed
-                    stats.instance_tokens += len(instance.input_ids)
+                    stats.instance_tokens += len_a + len_b + 3 - removed
             current_chunk = []
             current_length = 0
         i += 1
     return instances
 
 
-def _assemble(
-    tokens_a: Segment, tokens_b: Segment, is_random_next: bool, cls_id: int, sep_id: int
-) -> Instance:
-    ids_a, starts_a = tokens_a
-    ids_b, starts_b = tokens_b
-    if not ids_a or not ids_b:
-        raise AssertionError("empty A or B segment: max_seq_length is too small")
-    input_ids = [cls_id, *ids_a, sep_id, *ids_b, sep_id]
-    segment_ids = [0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1)
-    # A truncated segment may begin with a continuation piece: it still starts a unit.
-    word_starts = [0, 1, *starts_a[1:], 0, 1, *starts_b[1:], 0]
-    return Instance(input_ids, segment_ids, int(is_random_next), word_starts)
-
-
 def create_chunk_instances(
-    documents: list[TokenizedDocument],
+    documents: list[list[Segment]],
     rng: random.Random,
     *,
     max_seq_length: int,
     short_seq_prob: float,
     dupe_factor: int,
-    cls_id: int,
-    sep_id: int,
     stats: InstanceStats | None = None,
-) -> list[Instance]:
+) -> list[PairSpec]:
     """All instances of one chunk of documents, as the original makes them for a corpus.
 
     Shuffles the documents, makes `dupe_factor` passes of `create_instances_from_document`
@@ -351,19 +403,12 @@ def create_chunk_instances(
         )
     documents = list(documents)
     rng.shuffle(documents)
-    instances: list[Instance] = []
+    instances: list[PairSpec] = []
     for _ in range(dupe_factor):
         for document_index in range(len(documents)):
             instances.extend(
                 create_instances_from_document(
-                    documents,
-                    document_index,
-                    max_seq_length,
-                    short_seq_prob,
-                    rng,
-                    cls_id=cls_id,
-                    sep_id=sep_id,
-                    stats=stats,
+                    documents, document_index, max_seq_length, short_seq_prob, rng, stats
                 )
             )
     rng.shuffle(instances)
@@ -388,26 +433,79 @@ class InstanceBatch:
 
     input_ids: np.ndarray  # (N, T) int32
     segment_ids: np.ndarray  # (N, T) int32
-    word_starts: np.ndarray  # (N, T) int32
+    word_starts: np.ndarray  # (N, T) int32, 0 on [CLS]/[SEP]/padding
     lengths: np.ndarray  # (N,) int32
     next_sentence_labels: np.ndarray  # (N,) int32
 
+    def __len__(self) -> int:
+        return len(self.lengths)
 
-def to_batch(instances: Sequence[Instance], max_seq_length: int) -> InstanceBatch:
-    """Pads instances into arrays of width `max_seq_length`."""
-    n = len(instances)
+
+def assemble(
+    chunk: TokenizedChunk,
+    pairs: Sequence[PairSpec],
+    max_seq_length: int,
+    *,
+    cls_id: int,
+    sep_id: int,
+) -> InstanceBatch:
+    """Builds `[CLS] A [SEP] B [SEP]` rows, zero-padded to `max_seq_length`.
+
+    The first token of A and of B is marked as a word start even when truncation left a
+    continuation piece there, so no whole-word unit spans `[SEP]`.
+    """
+    n = len(pairs)
+    # Every range of every pair: its row, where it goes in the row, where it comes from.
+    rows: list[int] = []
+    dests: list[int] = []
+    sources: list[int] = []
+    sizes: list[int] = []
+    len_a = np.zeros(n, np.int64)
+    len_b = np.zeros(n, np.int64)
+    labels = np.zeros(n, np.int32)
+    for row, pair in enumerate(pairs):
+        dest = 1  # after [CLS]
+        for start, length in pair.a:
+            rows.append(row)
+            dests.append(dest)
+            sources.append(start)
+            sizes.append(length)
+            dest += length
+        len_a[row] = dest - 1
+        dest += 1  # [SEP]
+        for start, length in pair.b:
+            rows.append(row)
+            dests.append(dest)
+            sources.append(start)
+            sizes.append(length)
+            dest += length
+        len_b[row] = dest - 2 - len_a[row]
+        labels[row] = pair.next_sentence_label
+    if np.any(len_a < 1) or np.any(len_b < 1):
+        raise AssertionError("empty A or B segment")
+    lengths = len_a + len_b + 3
+    if np.any(lengths > max_seq_length):
+        raise AssertionError(f"an instance is longer than max_seq_length {max_seq_length}")
+
+    # Expand the ranges into per-token indices: range k covers sizes[k] tokens.
+    sizes_arr = np.asarray(sizes, np.int64)
+    within = np.arange(int(sizes_arr.sum())) - np.repeat(np.cumsum(sizes_arr) - sizes_arr, sizes_arr)
+    token_rows = np.repeat(np.asarray(rows, np.int64), sizes_arr)
+    token_dests = np.repeat(np.asarray(dests, np.int64), sizes_arr) + within
+    token_sources = np.repeat(np.asarray(sources, np.int64), sizes_arr) + within
+
     input_ids = np.zeros((n, max_seq_length), np.int32)
-    segment_ids = np.zeros((n, max_seq_length), np.int32)
     word_starts = np.zeros((n, max_seq_length), np.int32)
-    lengths = np.zeros((n,), np.int32)
-    labels = np.zeros((n,), np.int32)
-    for row, instance in enumerate(instances):
-        length = len(instance.input_ids)
-        if length > max_seq_length:
-            raise AssertionError(f"instance of {length} tokens > max_seq_length {max_seq_length}")
-        input_ids[row, :length] = instance.input_ids
-        segment_ids[row, :length] = instance.segment_ids
-        word_starts[row, :length] = instance.word_starts
-        lengths[row] = length
-        labels[row] = instance.next_sentence_label
-    return InstanceBatch(input_ids, segment_ids, word_starts, lengths, labels)
+    input_ids[token_rows, token_dests] = chunk.token_ids[token_sources]
+    word_starts[token_rows, token_dests] = chunk.word_starts[token_sources]
+    row_index = np.arange(n)
+    input_ids[:, 0] = cls_id
+    input_ids[row_index, len_a + 1] = sep_id
+    input_ids[row_index, lengths - 1] = sep_id
+    word_starts[:, 1] = 1
+    word_starts[row_index, len_a + 2] = 1
+    positions = np.arange(max_seq_length)[None, :]
+    segment_ids = ((positions >= (len_a + 2)[:, None]) & (positions < lengths[:, None])).astype(
+        np.int32
+    )
+    return InstanceBatch(input_ids, segment_ids, word_starts, lengths.astype(np.int32), labels)

@@ -1,0 +1,593 @@
+r"""Raw text to BERT pretraining TFRecords: the original tool's flags, streamed and parallel.
+
+Accepts the flags of google-research/bert's `create_pretraining_data.py` and writes the
+same records (`input_ids input_mask segment_ids masked_lm_positions masked_lm_ids
+masked_lm_weights next_sentence_labels`), with the same instance algorithm
+(`data_pipelines.instances`) and the same masking rules (`data_pipelines.masking`).
+
+Differences from the original, for corpora that do not fit in memory and for speed:
+
+* The corpus streams through in chunks of `--documents_per_chunk` documents. Documents
+  are shuffled, "random next" sentences drawn and instances shuffled within a chunk,
+  so memory does not grow with the corpus (see `instances` for why that is sound).
+* Chunks are tokenized in batches by the Rust tokenizer and processed by
+  `--num_workers` processes. Chunk `k` draws from a random stream seeded by
+  (`--random_seed`, `k`) and its masks from a stateless seed folded from the same pair,
+  and chunks are written in order, so the output is byte-identical for a seed whatever
+  the number of workers.
+* `--masking=dynamic` writes unmasked instances (with `word_starts`) for masking on the
+  fly in the input pipeline; `--masking=static` (default) writes masked records like the
+  original, `--dupe_factor` differently masked passes.
+
+A stats JSON is written next to the (first) output file: `<output_file>.stats.json`.
+
+Example:
+
+    python -m data_pipelines.create_pretraining_data \
+        --input_file=corpus/*.txt --output_file=out/train.tfrecord \
+        --vocab_file=vocab.txt --do_lower_case --max_seq_length=128 \
+        --max_predictions_per_seq=20 --dupe_factor=5 --num_workers=8 --num_output_shards=8
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+# No TensorFlow at import time: worker processes import this module and never need it.
+from data_pipelines import corpora, example_encoder, instances
+
+log = logging.getLogger(__name__)
+
+CORPORA = ("shakespeare", "peoples_daily")
+_TFDS_PREFIX = "tfds:"
+# Instances masked and serialised per TensorFlow call: bounds the arrays of one chunk.
+_MASK_BATCH = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Everything that decides the output (picklable, sent to the worker processes)."""
+
+    input_file: str  # comma-separated files/globs, or "tfds:NAME" entries
+    output_file: str  # comma-separated output files (records go round-robin)
+    vocab_file: str  # WordPiece vocab.txt or sentencepiece .model
+    do_lower_case: bool = True  # lower-case (and strip accents) before WordPiece
+    do_whole_word_mask: bool = False  # mask whole words instead of single pieces
+    max_seq_length: int = 128  # [CLS] A [SEP] B [SEP] at most this long
+    max_predictions_per_seq: int = 20  # masked positions per instance at most
+    random_seed: int = 12345  # seeds instance creation and masking
+    dupe_factor: int = 10  # passes over the corpus (with different masks)
+    masked_lm_prob: float = 0.15  # fraction of tokens to predict
+    short_seq_prob: float = 0.1  # probability of a shorter target length
+    num_output_shards: int = 1  # shards made from a single --output_file
+    num_workers: int = 1  # processes over chunks; 1 works in this process
+    masking: str = "static"  # "static": masked records; "dynamic": unmasked + word_starts
+    corpus: str = ""  # an embedded corpus instead of --input_file
+    documents_per_chunk: int = 256  # documents shuffled/paired together
+    split_sentences: bool = False  # input lines are paragraphs: split them with pysbd
+    language: str = "en"  # pysbd language for sentence splitting
+    word_boundary_files: bool = False  # read word segmentations from <input>.words
+    tfds_data_dir: str = ""  # data_dir of "tfds:" inputs
+    tfds_split: str = "train"  # split of "tfds:" inputs
+    tfds_text_key: str = "text"  # text feature of "tfds:" inputs
+    show_progress: bool = True  # tqdm progress bar
+
+    def validate(self) -> None:
+        """Raises ValueError naming the flag of any value out of range."""
+        checks = [
+            (self.max_seq_length >= 5, "--max_seq_length must be >= 5 ([CLS] A [SEP] B [SEP])"),
+            (self.max_predictions_per_seq >= 1, "--max_predictions_per_seq must be >= 1"),
+            (self.dupe_factor >= 1, "--dupe_factor must be >= 1"),
+            (0.0 < self.masked_lm_prob <= 1.0, "--masked_lm_prob must be in (0, 1]"),
+            (0.0 <= self.short_seq_prob <= 1.0, "--short_seq_prob must be in [0, 1]"),
+            (self.num_workers >= 1, "--num_workers must be >= 1"),
+            (self.num_output_shards >= 1, "--num_output_shards must be >= 1"),
+            (self.documents_per_chunk >= 2, "--documents_per_chunk must be >= 2"),
+            (self.masking in ("static", "dynamic"), "--masking must be static or dynamic"),
+            (self.corpus in ("", *CORPORA), f"--corpus must be one of {CORPORA}"),
+            (bool(self.corpus) != bool(self.input_file), "give --input_file or --corpus"),
+            (bool(self.output_file), "--output_file is required"),
+            (bool(self.vocab_file), "--vocab_file is required"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"{message} (got {self})" if "got" in message else message)
+
+
+# ----------------------------------------------------------------------------------------
+# Reading and chunking (main process).
+
+
+def iter_documents(options: Options, stats: corpora.ReadStats) -> Iterator[corpora.Document]:
+    """The documents of the input, in order (paragraphs marked `needs_split`)."""
+    if options.corpus == "shakespeare":
+        # Sentence splitting (pysbd, slow) happens in the workers.
+        yield from corpora.shakespeare_documents(split_sentences=False)
+        return
+    if options.corpus == "peoples_daily":
+        yield from corpora.peoples_daily_documents()
+        return
+    patterns = [p.strip() for p in options.input_file.split(",") if p.strip()]
+    for pattern in patterns:
+        if pattern.startswith(_TFDS_PREFIX):
+            yield from corpora.tfds_documents(
+                pattern[len(_TFDS_PREFIX) :],
+                stats,
+                split=options.tfds_split,
+                data_dir=options.tfds_data_dir or None,
+                text_key=options.tfds_text_key,
+            )
+        else:
+            yield from corpora.read_documents(
+                corpora.expand_input_patterns(pattern),
+                stats,
+                word_boundary_files=options.word_boundary_files,
+                lines_are_paragraphs=options.split_sentences,
+            )
+
+
+def iter_chunks(
+    documents: Iterable[corpora.Document], documents_per_chunk: int
+) -> Iterator[list[corpora.Document]]:
+    """Groups documents into chunks; a last chunk of one document joins the one before.
+
+    (A lone document could not draw a "random next" B from another document.) Holds at
+    most two chunks at a time.
+    """
+    held: list[corpora.Document] | None = None
+    current: list[corpora.Document] = []
+    for document in documents:
+        current.append(document)
+        if len(current) == documents_per_chunk:
+            if held is not None:
+                yield held
+            held, current = current, []
+    if held is not None and len(current) == 1:
+        held.extend(current)
+        current = []
+    if held is not None:
+        yield held
+    if current:
+        yield current
+
+
+# ----------------------------------------------------------------------------------------
+# One chunk, in two stages: instances (worker processes, no TensorFlow), then masking and
+# serialisation (main process, vectorised TensorFlow and numpy).
+
+
+@dataclasses.dataclass
+class ChunkInstances:
+    """The instances of one chunk, padded, with their counts."""
+
+    index: int
+    batch: instances.InstanceBatch
+    stats: instances.InstanceStats
+
+
+class InstanceBuilder:
+    """Sentence splitting, tokenization and pairing of chunks (picklable to workers)."""
+
+    def __init__(self, options: Options, tokenizer: Any):
+        self.options = options
+        self.tokenizer = tokenizer
+        self._tokenize = instances.DocumentTokenizer(tokenizer)
+        self._splitter: Any = None
+
+    def _split(self, documents: list[corpora.Document]) -> list[corpora.Document]:
+        if not any(d.needs_split for d in documents):
+            return documents
+        if self._splitter is None:
+            self._splitter = corpora.make_sentence_splitter(self.options.language)
+        return [
+            corpora.split_document(d, self._splitter) if d.needs_split else d for d in documents
+        ]
+
+    def __call__(self, index: int, documents: list[corpora.Document]) -> ChunkInstances:
+        options = self.options
+        stats = instances.InstanceStats()
+        chunk = self._tokenize(self._split(documents), stats, options.max_seq_length - 3)
+        if len(chunk.documents) < 2:
+            raise ValueError(
+                f"chunk {index} has {len(chunk.documents)} non-empty document(s): next "
+                "sentence prediction needs at least 2 (separate documents with blank lines)"
+            )
+        pairs = instances.create_chunk_instances(
+            chunk.documents,
+            instances.chunk_rng(options.random_seed, index),
+            max_seq_length=options.max_seq_length,
+            short_seq_prob=options.short_seq_prob,
+            dupe_factor=options.dupe_factor,
+            stats=stats,
+        )
+        batch = instances.assemble(
+            chunk,
+            pairs,
+            options.max_seq_length,
+            cls_id=self.tokenizer.cls_id,
+            sep_id=self.tokenizer.sep_id,
+        )
+        return ChunkInstances(index, batch, stats)
+
+
+class RecordEncoder:
+    """Masks (static mode) and serialises the instances of a chunk."""
+
+    def __init__(self, options: Options, tokenizer: Any):
+        from data_pipelines import masking  # TensorFlow: only in the main process
+
+        self._masking = masking
+        self.options = options
+        self.tokenizer = tokenizer
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, chunk: ChunkInstances) -> Iterator[bytes]:
+        """The records of the chunk, in order; masks are seeded by (seed, chunk, batch)."""
+        batch = chunk.batch
+        for batch_index, start in enumerate(range(0, len(batch), _MASK_BATCH)):
+            rows = slice(start, start + _MASK_BATCH)
+            part = instances.InstanceBatch(
+                batch.input_ids[rows],
+                batch.segment_ids[rows],
+                batch.word_starts[rows],
+                batch.lengths[rows],
+                batch.next_sentence_labels[rows],
+            )
+            if self.options.masking == "static":
+                yield from self._masked_records(part, chunk.index, batch_index)
+            else:
+                yield from self._unmasked_records(part)
+
+    def _masked_records(
+        self, batch: instances.InstanceBatch, chunk_index: int, batch_index: int
+    ) -> list[bytes]:
+        options, tokenizer = self.options, self.tokenizer
+        masked = self._masking.mask_batch(
+            batch.input_ids,
+            batch.word_starts,
+            [tokenizer.cls_id, tokenizer.sep_id],
+            self._masking.example_seed(options.random_seed, chunk_index, batch_index),
+            vocab_size=tokenizer.vocab_size,
+            mask_id=tokenizer.mask_id,
+            max_predictions_per_seq=options.max_predictions_per_seq,
+            masked_lm_prob=options.masked_lm_prob,
+            whole_word=options.do_whole_word_mask,
+            lengths=batch.lengths,
+        )
+        input_ids = masked["input_ids"].numpy()  # (N, T)
+        positions = masked["masked_lm_positions"].numpy()  # (N, P)
+        labels = masked["masked_lm_ids"].numpy()  # (N, P)
+        weights = masked["masked_lm_weights"].numpy()  # (N, P)
+        _count_masking(batch, input_ids, positions, labels, weights, tokenizer.mask_id,
+                       self.counts)
+        return example_encoder.encode_examples(
+            {
+                "input_ids": input_ids,
+                "input_mask": _input_mask(batch),
+                "segment_ids": batch.segment_ids,
+                "masked_lm_positions": positions,
+                "masked_lm_ids": labels,
+                "next_sentence_labels": batch.next_sentence_labels[:, None],
+            },
+            {"masked_lm_weights": weights},
+        )
+
+    def _unmasked_records(self, batch: instances.InstanceBatch) -> list[bytes]:
+        return example_encoder.encode_examples(
+            {
+                "input_ids": batch.input_ids,
+                "input_mask": _input_mask(batch),
+                "segment_ids": batch.segment_ids,
+                "word_starts": batch.word_starts,
+                "next_sentence_labels": batch.next_sentence_labels[:, None],
+            }
+        )
+
+
+def _input_mask(batch: instances.InstanceBatch) -> np.ndarray:
+    positions = np.arange(batch.input_ids.shape[1])[None, :]
+    return (positions < batch.lengths[:, None]).astype(np.int32)  # (N, T)
+
+
+def _count_masking(
+    batch: instances.InstanceBatch,
+    masked_ids: np.ndarray,
+    positions: np.ndarray,
+    labels: np.ndarray,
+    weights: np.ndarray,
+    mask_id: int,
+    counts: collections.Counter[str],
+) -> None:
+    """Adds the observed [MASK] / random / unchanged split of one masked batch."""
+    real = weights > 0  # (N, P)
+    # Tokens that could be masked: real tokens minus [CLS] and the two [SEP].
+    counts["eligible_tokens"] += int(batch.lengths.sum()) - 3 * len(batch.lengths)
+    counts["masked_tokens"] += int(real.sum())
+    placed = np.take_along_axis(masked_ids, positions, axis=1)  # (N, P)
+    is_mask = real & (placed == mask_id)
+    # A random draw that happens to equal the original token reads as "unchanged".
+    is_same = real & ~is_mask & (placed == labels)
+    counts["mask_token"] += int(is_mask.sum())
+    counts["unchanged"] += int(is_same.sum())
+    counts["random_token"] += int((real & ~is_mask & ~is_same).sum())
+
+
+# The builder of a worker process, made once by the pool initializer (the standard
+# multiprocessing pattern: the tokenizer is not sent again with every task).
+_worker_builder: InstanceBuilder | None = None
+
+
+def _init_worker(options: Options, tokenizer: Any) -> None:
+    global _worker_builder
+    # One core per worker: the workers are the parallelism.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _worker_builder = InstanceBuilder(options, tokenizer)
+
+
+def _build_in_worker(index: int, documents: list[corpora.Document]) -> ChunkInstances:
+    assert _worker_builder is not None, "worker not initialised"
+    return _worker_builder(index, documents)
+
+
+# ----------------------------------------------------------------------------------------
+# The whole run.
+
+
+def _iter_chunk_instances(
+    options: Options, chunks: Iterable[list[corpora.Document]], builder: InstanceBuilder
+) -> Iterator[ChunkInstances]:
+    """Chunk instances in chunk order, built here or by a bounded pool of workers."""
+    if options.num_workers == 1:
+        for index, chunk in enumerate(chunks):
+            yield builder(index, chunk)
+        return
+    # spawn, not fork: the Rust tokenizer's threads do not survive fork.
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(
+        options.num_workers, _init_worker, (options, builder.tokenizer)
+    ) as pool:
+        pending: collections.deque = collections.deque()
+        # At most two chunks in flight per worker, so memory stays bounded.
+        for index, chunk in enumerate(chunks):
+            pending.append(pool.apply_async(_build_in_worker, (index, chunk)))
+            while len(pending) > 2 * options.num_workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def create_pretraining_data(options: Options) -> dict[str, Any]:
+    """Runs the whole conversion and writes the records and the stats JSON.
+
+    Checks the flags, the vocabulary and that the output can be written before reading
+    any input. On failure nothing is left under the output names.
+
+    Returns:
+        The stats (also written to `<first output file>.stats.json`).
+
+    Raises:
+        ValueError: bad flags, a vocabulary without [CLS]/[SEP]/[MASK], or a corpus with
+            fewer than two documents.
+        OSError: the output cannot be written.
+        FileNotFoundError: an input pattern matches nothing.
+    """
+    from tqdm import tqdm
+
+    from data_pipelines import tfrecords, tokenization
+
+    options.validate()
+    started = time.perf_counter()
+    # Fails early on a bad vocabulary (before any output is opened or input read).
+    tokenizer = tokenization.load_tokenizer(options.vocab_file, do_lower_case=options.do_lower_case)
+    builder = InstanceBuilder(options, tokenizer)
+    encoder = RecordEncoder(options, tokenizer)
+    read_stats = corpora.ReadStats()
+    totals = instances.InstanceStats()
+    chunks_done = 0
+    with tfrecords.TFRecordShardWriter(options.output_file, options.num_output_shards) as writer:
+        stats_path = writer.paths[0] + ".stats.json"
+        _check_writable(stats_path)
+        documents = iter_documents(options, read_stats)
+        chunks = iter_chunks(documents, options.documents_per_chunk)
+        progress = tqdm(
+            desc="create_pretraining_data", unit="doc", disable=not options.show_progress
+        )
+        for chunk in _iter_chunk_instances(options, chunks, builder):
+            for record in encoder(chunk):
+                writer.write(record)
+            totals.merge(chunk.stats)
+            chunks_done += 1
+            progress.update(chunk.stats.documents + chunk.stats.empty_documents)
+            progress.set_postfix(instances=totals.instances)
+        progress.close()
+        if chunks_done == 0:
+            raise ValueError(f"no documents in the input {options.input_file or options.corpus}")
+    seconds = time.perf_counter() - started
+    stats = _stats_dict(options, writer, read_stats, totals, encoder.counts, chunks_done, seconds)
+    _write_json_atomically(stats_path, stats)
+    log.info("wrote %d instances to %s in %.1f s", totals.instances, writer.paths, seconds)
+    return stats
+
+
+def _check_writable(path: str) -> None:
+    try:
+        with open(path + ".probe", "w"):
+            pass
+        os.remove(path + ".probe")
+    except OSError as error:
+        raise OSError(f"cannot write the stats file {path}: {error}") from error
+
+
+def _write_json_atomically(path: str, data: dict[str, Any]) -> None:
+    temporary = path + ".incomplete"
+    with open(temporary, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    os.replace(temporary, path)
+
+
+def _fraction(numerator: int, denominator: int) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def _stats_dict(
+    options: Options,
+    writer: Any,
+    read: corpora.ReadStats,
+    totals: instances.InstanceStats,
+    masking: collections.Counter[str],
+    chunks: int,
+    seconds: float,
+) -> dict[str, Any]:
+    masked = masking["masked_tokens"]
+    return {
+        "output_files": writer.paths,
+        "records_per_file": writer.counts,
+        "inputs": {
+            "files": read.files,
+            "empty_files_skipped": read.empty_files,
+            "lines": read.lines,
+            "lines_with_bad_bytes": read.lines_with_bad_bytes,
+            "replaced_chars": read.replaced_chars,
+        },
+        "documents": totals.documents,
+        "empty_documents_skipped": totals.empty_documents,
+        "one_sentence_documents": totals.one_sentence_documents,
+        "sentences": totals.sentences,
+        "tokens": totals.tokens,
+        "overlong_sentences": totals.overlong_sentences,
+        "chunks": chunks,
+        "instances": totals.instances,
+        "instance_tokens": totals.instance_tokens,
+        "nsp": {
+            "is_next": totals.instances - totals.random_next,
+            "random_next": totals.random_next,
+            "is_next_fraction": _fraction(totals.instances - totals.random_next, totals.instances),
+            # Single-sentence pairs must take a random B; the others flip a fair coin.
+            "forced_random_next": totals.forced_random_next,
+            "is_next_fraction_of_coin_flips": _fraction(
+                totals.instances - totals.random_next,
+                totals.instances - totals.forced_random_next,
+            ),
+        },
+        "truncation": {
+            "instances": totals.truncated_instances,
+            "tokens_removed": totals.truncated_tokens,
+        },
+        "masking": None
+        if options.masking == "dynamic"
+        else {
+            "eligible_tokens": masking["eligible_tokens"],
+            "masked_tokens": masked,
+            "masked_fraction": _fraction(masked, masking["eligible_tokens"]),
+            "mask_token": masking["mask_token"],
+            "random_token": masking["random_token"],
+            "unchanged": masking["unchanged"],
+            "mask_token_fraction": _fraction(masking["mask_token"], masked),
+            "random_token_fraction": _fraction(masking["random_token"], masked),
+            "unchanged_fraction": _fraction(masking["unchanged"], masked),
+        },
+        "timing": {
+            "seconds": round(seconds, 3),
+            "instances_per_second": round(totals.instances / seconds, 1) if seconds else None,
+        },
+        "options": dataclasses.asdict(options),
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# Command line.
+
+
+def _define_flags() -> None:
+    from absl import flags
+
+    defaults = Options(input_file="", output_file="", vocab_file="")
+    flags.DEFINE_string("input_file", None, "Input text files: comma-separated files or globs "
+                        "(plain or .gz), or tfds:NAME for a TFDS text dataset.")
+    flags.DEFINE_string("output_file", None, "Output TFRecord file(s), comma-separated.")
+    flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt or sentencepiece .model.")
+    flags.DEFINE_bool("do_lower_case", defaults.do_lower_case, "Lower-case the input.")
+    flags.DEFINE_bool("do_whole_word_mask", defaults.do_whole_word_mask,
+                      "Mask whole words rather than single WordPieces.")
+    flags.DEFINE_integer("max_seq_length", defaults.max_seq_length, "Maximum sequence length.")
+    flags.DEFINE_integer("max_predictions_per_seq", defaults.max_predictions_per_seq,
+                         "Maximum number of masked LM predictions per sequence.")
+    flags.DEFINE_integer("random_seed", defaults.random_seed, "Random seed for data generation.")
+    flags.DEFINE_integer("dupe_factor", defaults.dupe_factor,
+                         "Passes over the input (with different masks).")
+    flags.DEFINE_float("masked_lm_prob", defaults.masked_lm_prob, "Masked LM probability.")
+    flags.DEFINE_float("short_seq_prob", defaults.short_seq_prob,
+                       "Probability of sequences shorter than the maximum length.")
+    flags.DEFINE_integer("num_output_shards", defaults.num_output_shards,
+                         "Shards to write when one --output_file is given.")
+    flags.DEFINE_integer("num_workers", defaults.num_workers,
+                         "Worker processes (the output does not depend on it).")
+    flags.DEFINE_enum("masking", defaults.masking, ["static", "dynamic"],
+                      "static: masked records (original format); dynamic: unmasked records "
+                      "with word_starts, masked by the input pipeline each epoch.")
+    flags.DEFINE_enum("corpus", None, list(CORPORA), "An embedded corpus instead of "
+                      "--input_file (Chinese word boundaries included).")
+    flags.DEFINE_integer("documents_per_chunk", defaults.documents_per_chunk,
+                         "Documents shuffled and paired together; bounds memory.")
+    flags.DEFINE_bool("split_sentences", defaults.split_sentences,
+                      "Input lines are paragraphs: split them into sentences (pysbd).")
+    flags.DEFINE_string("language", defaults.language, "pysbd language for sentence splitting.")
+    flags.DEFINE_bool("word_boundary_files", defaults.word_boundary_files,
+                      "Read word segmentations from <input_file>.words (see prepare_corpus).")
+    flags.DEFINE_string("tfds_data_dir", None, "data_dir for tfds: inputs.")
+    flags.DEFINE_string("tfds_split", defaults.tfds_split, "Split of tfds: inputs.")
+    flags.DEFINE_string("tfds_text_key", defaults.tfds_text_key, "Text feature of tfds: inputs.")
+
+
+def main(argv: list[str]) -> None:
+    """Entry point: flags to `Options`, then `create_pretraining_data`."""
+    del argv
+    from absl import flags
+
+    f = flags.FLAGS
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    options = Options(
+        input_file=f.input_file or "",
+        output_file=f.output_file,
+        vocab_file=f.vocab_file,
+        do_lower_case=f.do_lower_case,
+        do_whole_word_mask=f.do_whole_word_mask,
+        max_seq_length=f.max_seq_length,
+        max_predictions_per_seq=f.max_predictions_per_seq,
+        random_seed=f.random_seed,
+        dupe_factor=f.dupe_factor,
+        masked_lm_prob=f.masked_lm_prob,
+        short_seq_prob=f.short_seq_prob,
+        num_output_shards=f.num_output_shards,
+        num_workers=f.num_workers,
+        masking=f.masking,
+        corpus=f.corpus or "",
+        documents_per_chunk=f.documents_per_chunk,
+        split_sentences=f.split_sentences,
+        language=f.language,
+        word_boundary_files=f.word_boundary_files,
+        tfds_data_dir=f.tfds_data_dir or "",
+        tfds_split=f.tfds_split,
+        tfds_text_key=f.tfds_text_key,
+    )
+    stats = create_pretraining_data(options)
+    print(json.dumps({k: stats[k] for k in ("documents", "instances", "nsp", "masking")}))
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+
+    _define_flags()
+    flags.mark_flags_as_required(["output_file", "vocab_file"])
+    app.run(main)

