@@ -27,6 +27,7 @@ spans a special token: such a piece starts its own unit.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,7 +56,8 @@ class MaskingConfig:
 
 def as_seed(seed: Any) -> tf.Tensor:
     """A stateless seed (int32[2]) from a Python int or an existing seed tensor."""
-    if isinstance(seed, int):
+    if isinstance(seed, numbers.Integral):  # Python and numpy ints alike
+        seed = int(seed)
         return tf.constant([seed & 0x7FFFFFFF, (seed >> 31) & 0x7FFFFFFF], tf.int32)
     seed = tf.convert_to_tensor(seed)
     if seed.shape.rank == 0:
