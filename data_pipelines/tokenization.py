@@ -178,7 +178,7 @@ def _build_pipeline(
     tokenizer.normalizer = normalizers.Sequence(steps)
     # Splitting after lower-casing is equivalent to the original's order (isolate CJK, split
     # on whitespace, lower-case each word, split punctuation): lower-casing and NFD neither
-    # create nor remove whitespace, punctuation or CJK ideographs.
+    # create nor remove whitespace or punctuation, and NFD maps CJK ideographs to CJK ideographs.
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.WhitespaceSplit(),
