@@ -53,9 +53,12 @@ def train_wordpiece(
     do_lower_case: bool,
     num_unused: int = 0,
     min_frequency: int = 2,
-    limit_alphabet: int = 1000,
 ) -> int:
-    """Trains WordPiece and writes vocab.txt (atomically). Returns the vocabulary size."""
+    """Trains WordPiece and writes vocab.txt (atomically). Returns the vocabulary size.
+
+    Every character of the corpus gets an entry (no alphabet limit), as in the original
+    vocabularies: a Chinese corpus needs thousands of them.
+    """
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix="##"))
@@ -68,13 +71,13 @@ def train_wordpiece(
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     specials = special_tokens(num_unused)
     if vocab_size <= len(specials):
-        raise ValueError(f"--vocab_size={vocab_size} leaves no room after {len(specials)} "
-                         "special tokens")
+        raise ValueError(
+            f"--vocab_size={vocab_size} leaves no room after {len(specials)} special tokens"
+        )
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
         special_tokens=specials,
-        limit_alphabet=limit_alphabet,
         continuing_subword_prefix="##",
         show_progress=False,
     )
@@ -157,7 +160,10 @@ def build_vocab(
     sentences = iter_sentences(input_file, stats)
     train = train_wordpiece if model_type == "wordpiece" else train_sentencepiece
     size = train(
-        sentences, output_file, vocab_size=vocab_size, do_lower_case=do_lower_case,
+        sentences,
+        output_file,
+        vocab_size=vocab_size,
+        do_lower_case=do_lower_case,
         num_unused=num_unused,
     )
     return {
@@ -189,10 +195,12 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     from absl import app, flags
 
-    flags.DEFINE_string("input_file", None, "Corpus: comma-separated files/globs (plain or "
-                        ".gz), one sentence per line.")
-    flags.DEFINE_string("output_file", None, "vocab.txt (wordpiece) or NAME.model "
-                        "(sentencepiece).")
+    flags.DEFINE_string(
+        "input_file",
+        None,
+        "Corpus: comma-separated files/globs (plain or .gz), one sentence per line.",
+    )
+    flags.DEFINE_string("output_file", None, "vocab.txt (wordpiece) or NAME.model (sentencepiece).")
     flags.DEFINE_integer("vocab_size", 30522, "Size of the vocabulary, special tokens included.")
     flags.DEFINE_bool("do_lower_case", True, "Lower-case (uncased vocabulary).")
     flags.DEFINE_integer("num_unused", 0, "[unusedN] slots after [PAD].")

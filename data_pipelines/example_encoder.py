@@ -126,8 +126,12 @@ def encode_examples(
         list_size = 1 + _varint_size(payload_size.astype(np.uint64)) + payload_size
         feature_size = 1 + _varint_size(list_size.astype(np.uint64)) + list_size
         entry_size = (
-            1 + _varint_size(np.uint64(len(key))) + len(key)
-            + 1 + _varint_size(feature_size.astype(np.uint64)) + feature_size
+            1
+            + _varint_size(np.uint64(len(key)))
+            + len(key)
+            + 1
+            + _varint_size(feature_size.astype(np.uint64))
+            + feature_size
         )
         features_size += 1 + _varint_size(entry_size.astype(np.uint64)) + entry_size
         key_header = bytes([_LEN_FIELD_1, len(key)]) + key if len(key) < 128 else None
@@ -150,4 +154,4 @@ def encode_examples(
     flat = data[valid].tobytes()  # row-major: each record's bytes in order
     ends = np.cumsum(valid.sum(axis=1)).tolist()
     starts = [0, *ends[:-1]]
-    return [flat[a:b] for a, b in zip(starts, ends)]
+    return [flat[a:b] for a, b in zip(starts, ends, strict=True)]

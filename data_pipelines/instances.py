@@ -192,16 +192,14 @@ class DocumentTokenizer:
             itertools.chain.from_iterable(ids for ids, _ in sentences), np.int32, total
         )
         word_starts = self._starts_by_id[token_ids]
-        for (_, starts), start, length in zip(sentences, offsets[:-1], lengths):
+        for (_, starts), start, length in zip(sentences, offsets[:-1], lengths, strict=True):
             if starts is not None:
                 word_starts[start : start + length] = starts
 
         chunk_documents: list[list[Segment]] = []
         index = 0
         for size in doc_sizes:
-            segments = [
-                (int(offsets[i]), int(lengths[i])) for i in range(index, index + size)
-            ]
+            segments = [(int(offsets[i]), int(lengths[i])) for i in range(index, index + size)]
             index += size
             if segments:
                 chunk_documents.append(segments)
@@ -218,7 +216,7 @@ class DocumentTokenizer:
         """Each distinct word of the documents -> (its ids, its starts: 1 then 0s)."""
         unique = sorted({w for d in documents for words in d.words or () for w in words})
         table = {}
-        for word, ids in zip(unique, self._tokenizer.encode_batch(unique)):
+        for word, ids in zip(unique, self._tokenizer.encode_batch(unique), strict=True):
             table[word] = (ids, [1] + [0] * (len(ids) - 1) if ids else [])
         return table
 
@@ -489,7 +487,9 @@ def assemble(
 
     # Expand the ranges into per-token indices: range k covers sizes[k] tokens.
     sizes_arr = np.asarray(sizes, np.int64)
-    within = np.arange(int(sizes_arr.sum())) - np.repeat(np.cumsum(sizes_arr) - sizes_arr, sizes_arr)
+    within = np.arange(int(sizes_arr.sum())) - np.repeat(
+        np.cumsum(sizes_arr) - sizes_arr, sizes_arr
+    )
     token_rows = np.repeat(np.asarray(rows, np.int64), sizes_arr)
     token_dests = np.repeat(np.asarray(dests, np.int64), sizes_arr) + within
     token_sources = np.repeat(np.asarray(sources, np.int64), sizes_arr) + within

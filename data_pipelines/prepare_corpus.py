@@ -73,8 +73,9 @@ def write_corpus(
     words_out = None
     try:
         with open(temporary, "w", encoding="utf-8") as out:
-            for document in tqdm(documents, desc="prepare_corpus", unit="doc",
-                                 disable=not show_progress):
+            for document in tqdm(
+                documents, desc="prepare_corpus", unit="doc", disable=not show_progress
+            ):
                 if document.words is not None and words_out is None:
                     if counts["documents"]:
                         raise ValueError("only some documents carry a word segmentation")
@@ -128,7 +129,11 @@ if __name__ == "__main__":
 
     flags.DEFINE_enum("corpus", None, list(CORPORA), "The embedded corpus to write.")
     flags.DEFINE_string("output_file", None, "The text file to write (original BERT format).")
-    flags.DEFINE_integer("limit", None, "Shakespeare: first N plays; People's Daily: first N "
-                         "lines of the source (for quick tests). Default: everything.")
+    flags.DEFINE_integer(
+        "limit",
+        None,
+        "Shakespeare: first N plays; People's Daily: first N "
+        "lines of the source (for quick tests). Default: everything.",
+    )
     flags.mark_flags_as_required(["corpus", "output_file"])
     app.run(main)

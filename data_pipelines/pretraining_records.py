@@ -1,0 +1,146 @@
+"""Instances to TFRecord records: static masking (vectorised TensorFlow) and serialisation.
+
+`RecordEncoder` takes the padded instances of a chunk (`instances.InstanceBatch`) and
+returns serialised `tf.train.Example`s: masked with `data_pipelines.masking.mask_batch` in
+the original schema (static mode), or unmasked with their `word_starts` (dynamic mode),
+encoded in bulk by `example_encoder`. It also counts what the masking did, for the stats
+JSON. Masks are drawn from a stateless seed folded from (seed, chunk, batch in chunk), so
+they do not depend on which process made the instances.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from data_pipelines import example_encoder, instances
+
+# Instances masked and serialised per TensorFlow call: bounds the temporaries per call.
+MASK_BATCH = 4096
+
+
+class RecordEncoder:
+    """Masks (static mode) and serialises the instances of chunks, counting the masks.
+
+    Args:
+        tokenizer: gives `cls_id sep_id mask_id vocab_size`.
+        random_seed: seeds the masks together with the chunk and batch indices.
+        static_masking: True: masked records (original schema); False: unmasked records
+            with `word_starts` for dynamic masking.
+        max_predictions_per_seq: padded length of the masked_lm_* features.
+        masked_lm_prob: fraction of tokens to predict.
+        whole_word: mask whole words (by `word_starts`) instead of single pieces.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        random_seed: int,
+        static_masking: bool,
+        max_predictions_per_seq: int,
+        masked_lm_prob: float,
+        whole_word: bool,
+    ):
+        from data_pipelines import masking  # TensorFlow: only where records are made
+
+        self._masking = masking
+        self.tokenizer = tokenizer
+        self.random_seed = random_seed
+        self.static_masking = static_masking
+        self.max_predictions_per_seq = max_predictions_per_seq
+        self.masked_lm_prob = masked_lm_prob
+        self.whole_word = whole_word
+        # eligible_tokens, masked_tokens, mask_token, random_token, unchanged.
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, batch: instances.InstanceBatch, chunk_index: int) -> Iterator[bytes]:
+        """The records of one chunk's instances, in order."""
+        for batch_index, start in enumerate(range(0, len(batch), MASK_BATCH)):
+            rows = slice(start, start + MASK_BATCH)
+            part = instances.InstanceBatch(
+                batch.input_ids[rows],
+                batch.segment_ids[rows],
+                batch.word_starts[rows],
+                batch.lengths[rows],
+                batch.next_sentence_labels[rows],
+            )
+            if self.static_masking:
+                yield from self._masked_records(part, chunk_index, batch_index)
+            else:
+                yield from self._unmasked_records(part)
+
+    def _masked_records(
+        self, batch: instances.InstanceBatch, chunk_index: int, batch_index: int
+    ) -> list[bytes]:
+        tokenizer = self.tokenizer
+        masked = self._masking.mask_batch(
+            batch.input_ids,
+            batch.word_starts,
+            [tokenizer.cls_id, tokenizer.sep_id],
+            self._masking.example_seed(self.random_seed, chunk_index, batch_index),
+            vocab_size=tokenizer.vocab_size,
+            mask_id=tokenizer.mask_id,
+            max_predictions_per_seq=self.max_predictions_per_seq,
+            masked_lm_prob=self.masked_lm_prob,
+            whole_word=self.whole_word,
+            lengths=batch.lengths,
+        )
+        input_ids = masked["input_ids"].numpy()  # (N, T)
+        positions = masked["masked_lm_positions"].numpy()  # (N, P)
+        labels = masked["masked_lm_ids"].numpy()  # (N, P)
+        weights = masked["masked_lm_weights"].numpy()  # (N, P)
+        _count_masking(batch, input_ids, positions, labels, weights, tokenizer.mask_id, self.counts)
+        return example_encoder.encode_examples(
+            {
+                "input_ids": input_ids,
+                "input_mask": _input_mask(batch),
+                "segment_ids": batch.segment_ids,
+                "masked_lm_positions": positions,
+                "masked_lm_ids": labels,
+                "next_sentence_labels": batch.next_sentence_labels[:, None],
+            },
+            {"masked_lm_weights": weights},
+        )
+
+    def _unmasked_records(self, batch: instances.InstanceBatch) -> list[bytes]:
+        return example_encoder.encode_examples(
+            {
+                "input_ids": batch.input_ids,
+                "input_mask": _input_mask(batch),
+                "segment_ids": batch.segment_ids,
+                "word_starts": batch.word_starts,
+                "next_sentence_labels": batch.next_sentence_labels[:, None],
+            }
+        )
+
+
+def _input_mask(batch: instances.InstanceBatch) -> np.ndarray:
+    positions = np.arange(batch.input_ids.shape[1])[None, :]
+    return (positions < batch.lengths[:, None]).astype(np.int32)  # (N, T)
+
+
+def _count_masking(
+    batch: instances.InstanceBatch,
+    masked_ids: np.ndarray,
+    positions: np.ndarray,
+    labels: np.ndarray,
+    weights: np.ndarray,
+    mask_id: int,
+    counts: collections.Counter[str],
+) -> None:
+    """Adds the observed [MASK] / random / unchanged split of one masked batch."""
+    real = weights > 0  # (N, P)
+    # Tokens that could be masked: real tokens minus [CLS] and the two [SEP].
+    counts["eligible_tokens"] += int(batch.lengths.sum()) - 3 * len(batch.lengths)
+    counts["masked_tokens"] += int(real.sum())
+    placed = np.take_along_axis(masked_ids, positions, axis=1)  # (N, P)
+    is_mask = real & (placed == mask_id)
+    # A random draw that happens to equal the original token reads as "unchanged".
+    is_same = real & ~is_mask & (placed == labels)
+    counts["mask_token"] += int(is_mask.sum())
+    counts["unchanged"] += int(is_same.sum())
+    counts["random_token"] += int((real & ~is_mask & ~is_same).sum())
