@@ -1,0 +1,301 @@
+"""Reading checkpoints: Hugging Face safetensors, Google TF checkpoints, params-only Orbax.
+
+`open_source(path)` finds the format (`detect_format`) and returns a `Source`: tensor
+names and shapes, with values read one at a time (so a BERT-Large import never holds two
+copies of the weights), plus the config and vocab.txt found beside them. `save_params` /
+`load_params` are this project's params-only Orbax format: `params/` (an Orbax
+StandardCheckpointer directory) + `config.json` (+ `vocab.txt`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+
+from bert_jax.config import BertConfig
+from bert_jax.weight_names import (
+    IGNORED_NAMES,
+    ConversionError,
+    Params,
+    TensorSpec,
+    as_numpy,
+    flatten,
+    with_layout,
+)
+
+
+class Source:
+    """The named tensors of one checkpoint; remembers which names were read."""
+
+    def __init__(
+        self,
+        location: str,
+        naming: str,  # "hf", "tf" or "ours": which TensorSpec name and layout apply
+        shapes: dict[str, tuple[int, ...]],
+        read: Callable[[str], np.ndarray],
+        config: BertConfig | None,
+        vocab_file: str | None,
+        display: Callable[[str], str] = str,  # a name as the checkpoint spells it
+    ):
+        self.display = display
+        self.location = location
+        self.naming = naming
+        self.shapes = shapes
+        self._read = read
+        self.config = config
+        self.vocab_file = vocab_file
+        self.taken: set[str] = set()
+
+    def name(self, spec: TensorSpec) -> str:
+        return {"hf": spec.hf, "tf": spec.tf, "ours": spec.ours}[self.naming]
+
+    def has(self, spec: TensorSpec) -> bool:
+        return self.name(spec) in self.shapes
+
+    def read(self, name: str) -> np.ndarray:
+        self.taken.add(name)
+        return np.asarray(self._read(name))
+
+    def take(self, spec: TensorSpec, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """Our parameter for `spec`, of `shape`; names the tensor if it is absent or wrong."""
+        name = self.name(spec)
+        expected = spec.stored_shape(shape, self.naming)
+        if name not in self.shapes:
+            raise ConversionError(
+                f"{self.location}: missing tensor {self.display(name)!r} (expected shape "
+                f"{expected}, for {spec.ours})"
+            )
+        found = tuple(self.shapes[name])
+        if found != expected:
+            raise ConversionError(
+                f"{self.location}: tensor {self.display(name)!r} has shape {found} but the "
+                f"model config expects {expected} (for {spec.ours} of shape {tuple(shape)}); "
+                "does the config "
+                "(vocab_size, hidden_size, intermediate_size, max_position_embeddings, "
+                "type_vocab_size) match the checkpoint?"
+            )
+        value = self.read(name)
+        if spec.hf_t if self.naming == "hf" else spec.tf_t if self.naming == "tf" else False:
+            value = value.T
+        return np.ascontiguousarray(value.reshape(shape).astype(dtype))
+
+    def leftover(self) -> list[str]:
+        """Names never read, less buffers and optimiser slots."""
+        names = (n for n in self.shapes if n not in self.taken and not IGNORED_NAMES.search(n))
+        return sorted(self.display(n) for n in names)
+
+
+def _found(directory: str, name: str) -> str | None:
+    path = os.path.join(directory, name)
+    return path if os.path.exists(path) else None
+
+
+def _hf_source(directory: str) -> Source:
+    from safetensors import safe_open
+
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    shapes, where = {}, {}
+    for fname in files:
+        path = os.path.join(directory, fname)
+        with safe_open(path, framework="np") as handle:
+            for key in handle.keys():
+                view = handle.get_slice(key)
+                shapes[key] = tuple(view.get_shape())
+                where[key] = (path, view.get_dtype())
+    # BertModel keys have no prefix, BertFor* models put `bert.` before the encoder's; old
+    # checkpoints call the LayerNorm parameters gamma and beta.
+    original = {}
+    for key in shapes:
+        name = key.removeprefix("bert.")
+        name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
+        name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
+        if name in original:
+            raise ConversionError(f"{directory}: tensors {original[name]!r} and {key!r} collide")
+        original[name] = key
+
+    def read(name: str) -> np.ndarray:
+        path, dtype = where[original[name]]
+        # numpy has no bfloat16: such tensors come through jax (ml_dtypes) instead.
+        with safe_open(path, framework="flax" if dtype == "BF16" else "np") as handle:
+            return np.asarray(handle.get_tensor(original[name]))
+
+    # Name absent tensors as this checkpoint would: with `bert.` if its encoder has it.
+    prefix = "bert." if any(k.startswith("bert.") for k in shapes) else ""
+
+    def display(name: str) -> str:
+        if name in original:
+            return original[name]
+        return name if name.startswith(("cls.", "classifier.", "qa_outputs.")) else prefix + name
+
+    config_file = _found(directory, "config.json")
+    return Source(
+        directory,
+        "hf",
+        {name: shapes[key] for name, key in original.items()},
+        read,
+        BertConfig.from_json_file(config_file) if config_file else None,
+        _found(directory, "vocab.txt"),
+        display,
+    )
+
+
+def _tf_source(prefix: str, config_file: str | None) -> Source:
+    import tensorflow as tf  # only this format needs TensorFlow
+
+    reader = tf.train.load_checkpoint(prefix)
+    shapes = {k: tuple(v) for k, v in reader.get_variable_to_shape_map().items()}
+    if "bert/embeddings/word_embeddings" not in shapes:
+        raise ConversionError(
+            f"{prefix}: no variable 'bert/embeddings/word_embeddings'; this is not a "
+            "google-research/bert (TF1 name-based) checkpoint"
+        )
+    directory = os.path.dirname(prefix)
+    config_file = config_file or _found(directory, "bert_config.json")
+    return Source(
+        prefix,
+        "tf",
+        shapes,
+        reader.get_tensor,
+        BertConfig.from_json_file(config_file) if config_file else None,
+        _found(directory, "vocab.txt"),
+    )
+
+
+def _orbax_source(directory: str) -> Source:
+    config, params, vocab_file = load_params(directory)
+    params = with_layout(params, scan_layers=False, num_layers=config.num_hidden_layers)
+    # Encoder names are relative to the encoder (as in `encoder_specs`), heads to the root.
+    tensors = {"/".join(p): v for p, v in flatten(params.get("bert", params))}
+    if "bert" in params:
+        tensors.update(("/".join(p), v) for p, v in flatten(params) if p[0] != "bert")
+    shapes = {name: value.shape for name, value in tensors.items()}
+    return Source(directory, "ours", shapes, tensors.__getitem__, config, vocab_file)
+
+
+def _tf_prefix(path: str) -> str | None:
+    """The checkpoint prefix of a TF checkpoint given as a prefix or a directory."""
+    if os.path.exists(path + ".index"):
+        return path
+    if os.path.isdir(path):
+        indexes = glob.glob(os.path.join(path, "*.index"))
+        if len(indexes) == 1:
+            return indexes[0].removesuffix(".index")
+        if indexes:
+            import tensorflow as tf
+
+            return tf.train.latest_checkpoint(path)
+    return None
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """'hf', 'tf' or 'orbax' for a checkpoint path; raises ConversionError otherwise."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "params", "_CHECKPOINT_METADATA")):
+            # Params-only Orbax (`save_params`). Hook for issue 4: a train-state checkpoint
+            # (a CheckpointManager step directory) is recognised here and its params read
+            # in `_orbax_source`.
+            return "orbax"
+        if glob.glob(os.path.join(path, "model.safetensors*")):
+            return "hf"
+        if os.path.exists(os.path.join(path, "pytorch_model.bin")):
+            raise ConversionError(
+                f"{path}: only pytorch_model.bin (a torch pickle) is here; re-save it as "
+                "model.safetensors (transformers `save_pretrained(safe_serialization=True)`)"
+            )
+    if _tf_prefix(path):
+        return "tf"
+    raise ConversionError(
+        f"{path}: not a Hugging Face directory (config.json + model.safetensors), a Google TF "
+        "checkpoint (bert_model.ckpt prefix or its directory) or a params-only Orbax directory"
+    )
+
+
+def open_source(path: str | os.PathLike, config_file: str | None = None) -> Source:
+    """The named tensors, config and vocab of a checkpoint in any supported format.
+
+    `config_file` replaces the config found beside the checkpoint (e.g. a TF checkpoint
+    with no `bert_config.json` next to it).
+    """
+    path = os.fspath(path)
+    fmt = detect_format(path)
+    if fmt == "hf":
+        source = _hf_source(path)
+    elif fmt == "tf":
+        return _tf_source(_tf_prefix(path), config_file)
+    else:
+        source = _orbax_source(path)
+    if config_file:
+        source.config = BertConfig.from_json_file(config_file)
+    return source
+
+
+# --- Writing directories ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def writing_dir(output_dir: str, overwrite: bool = False) -> Iterator[str]:
+    """Yields a temporary directory beside `output_dir`, renamed to it only on success."""
+    if os.path.exists(output_dir) and not overwrite:
+        raise FileExistsError(f"{output_dir} exists; pass overwrite=True (--overwrite)")
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.tmp-", dir=parent)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if os.path.exists(output_dir):
+        shutil.rmtree(output_dir)
+    os.rename(tmp, output_dir)
+
+
+# --- Params-only Orbax ------------------------------------------------------------------------
+
+
+def save_params(
+    output_dir: str | os.PathLike,
+    config: BertConfig,
+    params: Mapping,
+    *,
+    vocab_file: str | None = None,
+    overwrite: bool = False,
+) -> str:
+    """Writes `params/` (Orbax StandardCheckpointer) + `config.json` (+ `vocab.txt`)."""
+    import orbax.checkpoint as ocp
+
+    output_dir = os.fspath(output_dir)
+    with writing_dir(output_dir, overwrite) as tmp:
+        config.write_json(os.path.join(tmp, "config.json"), flavour="hf")
+        if vocab_file:
+            shutil.copyfile(vocab_file, os.path.join(tmp, "vocab.txt"))
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(os.path.join(tmp, "params"), as_numpy(params))
+        checkpointer.wait_until_finished()
+    return output_dir
+
+
+def load_params(directory: str | os.PathLike) -> tuple[BertConfig, Params, str | None]:
+    """Reads a `save_params` directory as numpy: (config, params as saved, vocab_file)."""
+    import orbax.checkpoint as ocp
+
+    directory = os.path.abspath(os.fspath(directory))
+    config = BertConfig.from_json_file(os.path.join(directory, "config.json"))
+    params = as_numpy(ocp.StandardCheckpointer().restore(os.path.join(directory, "params")))
+    # config.json does not record the layout; the params do.
+    scanned = "layers" in params.get("bert", params)["encoder"]
+    return config.replace(scan_layers=scanned), params, _found(directory, "vocab.txt")

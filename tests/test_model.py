@@ -1,0 +1,285 @@
+"""Model tier 1: output shapes of every head, parameter counts, scan == loop, config checks."""
+
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.config import BertConfig, ConfigError
+from bert_jax.convert import stack_layers
+from bert_jax.heads import (
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from bert_jax.model import BertModel
+
+TINY = BertConfig(
+    vocab_size=97,
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=40,
+)
+B, T, P = 3, 11, 4
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = np.array([T, 7, 3])
+    mask = (np.arange(T)[None] < lengths[:, None]).astype(np.int32)
+    ids = rng.integers(1, TINY.vocab_size, (B, T)).astype(np.int32) * mask
+    types = ((np.arange(T)[None] >= lengths[:, None] // 2) * mask).astype(np.int32)
+    positions = rng.integers(0, 3, (B, P)).astype(np.int32)
+    return jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types), jnp.asarray(positions)
+
+
+# Eager on purpose: op-by-op dispatch reuses compiled kernels across tests, while jitting
+# each tiny model costs seconds of XLA compile time apiece on a 2-core machine.
+def _init(module, *args):
+    return nn.meta.unbox(module.init(jax.random.key(0), *args))["params"]
+
+
+def _apply(module, params, *args, **kwargs):
+    return module.apply({"params": params}, *args, **kwargs)
+
+
+def _count(module, *args) -> int:
+    shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), *args))
+    return sum(x.size for x in jax.tree_util.tree_leaves(nn.meta.unbox(shapes["params"])))
+
+
+def _bert_count(c: BertConfig) -> int:
+    """BERT's parameter count from its definition (embeddings, L layers, pooler)."""
+    h, i = c.hidden_size, c.intermediate_size
+    embeddings = (c.vocab_size + c.max_position_embeddings + c.type_vocab_size) * h + 2 * h
+    layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
+    return embeddings + c.num_hidden_layers * layer + h * h + h
+
+
+# --- Shapes -----------------------------------------------------------------------------------
+
+
+def test_encoder_output_shapes():
+    ids, mask, types, _ = _inputs()
+    model = BertModel(TINY)
+    out = _apply(model, _init(model, ids, mask, types), ids, mask, types, output_hidden_states=True)
+    assert out.sequence_output.shape == (B, T, TINY.hidden_size)
+    assert out.pooled_output.shape == (B, TINY.hidden_size)
+    assert len(out.hidden_states) == TINY.num_hidden_layers + 1
+    assert all(h.shape == (B, T, TINY.hidden_size) for h in out.hidden_states)
+    np.testing.assert_array_equal(out.hidden_states[-1], out.sequence_output)
+
+
+def test_head_output_shapes():
+    ids, mask, types, positions = _inputs()
+    pre = BertForPreTraining(TINY)
+    out = _apply(pre, _init(pre, ids, mask, types, positions), ids, mask, types, positions)
+    assert out.mlm_logits.shape == (B, P, TINY.vocab_size)
+    assert out.nsp_logits.shape == (B, 2)
+
+    cls = BertForSequenceClassification(TINY, num_labels=5)
+    assert _apply(cls, _init(cls, ids, mask, types), ids, mask, types).shape == (B, 5)
+
+    tag = BertForTokenClassification(TINY, num_labels=7)
+    tag_params = _init(tag, ids, mask, types)
+    assert "pooler" not in tag_params["bert"]
+    assert _apply(tag, tag_params, ids, mask, types).shape == (B, T, 7)
+
+    qa = BertForQuestionAnswering(TINY)
+    start, end = _apply(qa, _init(qa, ids, mask, types), ids, mask, types)
+    assert start.shape == end.shape == (B, T)
+
+
+def test_mlm_logits_only_at_gathered_positions():
+    """Logits for P positions equal the head applied to every position, then gathered."""
+    ids, mask, types, positions = _inputs()
+    pre = BertForPreTraining(TINY)
+    params = _init(pre, ids, mask, types, positions)
+    logits = _apply(pre, params, ids, mask, types, positions).mlm_logits
+    assert logits.shape == (B, P, TINY.vocab_size)
+
+    # The same head written out by hand in numpy over all T positions.
+    seq = np.asarray(_apply(BertModel(TINY), params["bert"], ids, mask, types)[0])
+    head = params["mlm"]
+    h = seq @ np.asarray(head["transform"]["kernel"]) + np.asarray(head["transform"]["bias"])
+    h = np.asarray(jax.nn.gelu(h, approximate=False))
+    mean, var = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
+    h = (h - mean) / np.sqrt(var + TINY.layer_norm_eps)
+    h = h * np.asarray(head["layer_norm"]["scale"]) + np.asarray(head["layer_norm"]["bias"])
+    table = np.asarray(params["bert"]["embeddings"]["word_embeddings"]["embedding"])
+    full = h @ table.T + np.asarray(head["output_bias"])  # (B, T, V)
+    expected = np.take_along_axis(full, np.asarray(positions)[..., None], axis=1)
+    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-5)
+
+
+# --- Parameter counts (no materialisation) -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "preset,expected_m", [("base", 110), ("large", 335)], ids=["base", "large"]
+)
+def test_parameter_counts(preset, expected_m):
+    config = BertConfig.from_preset(preset)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    count = _count(BertModel(config), ids)
+    print(f"BERT-{preset}: {count:,} parameters")
+    assert count == _bert_count(config)
+    assert abs(count - expected_m * 1e6) <= 0.01 * expected_m * 1e6
+    # The pretraining heads add the MLM transform, its LayerNorm, the vocab bias and NSP;
+    # the decoder is the (shared) word-embedding table.
+    h = config.hidden_size
+    heads = (h * h + h) + 2 * h + config.vocab_size + (2 * h + 2)
+    assert _count(BertForPreTraining(config), ids, ids, ids, ids[:, :2]) == count + heads
+
+
+def test_scanned_count_equals_looped():
+    ids = jnp.zeros((1, 8), jnp.int32)
+    config = BertConfig.from_preset("base")
+    assert _count(BertModel(config.replace(scan_layers=True)), ids) == _count(
+        BertModel(config), ids
+    )
+
+
+# --- Scan and loop ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("remat_policy", ["none", "full"])
+def test_scan_equals_loop_for_the_same_weights(remat_policy):
+    ids, mask, types, positions = _inputs()
+    loop_cfg = TINY.replace(remat_policy=remat_policy)
+    scan_cfg = loop_cfg.replace(scan_layers=True)
+    params = _init(BertForPreTraining(loop_cfg), ids, mask, types, positions)
+    scanned = dict(params)
+    scanned["bert"] = dict(params["bert"])
+    scanned["bert"]["encoder"] = stack_layers(params["bert"]["encoder"], TINY.num_hidden_layers)
+    assert scanned["bert"]["encoder"]["layers"]["intermediate"]["kernel"].shape == (
+        TINY.num_hidden_layers,
+        TINY.hidden_size,
+        TINY.intermediate_size,
+    )
+
+    a = _apply(BertModel(loop_cfg), params["bert"], ids, mask, types, output_hidden_states=True)
+    b = _apply(BertModel(scan_cfg), scanned["bert"], ids, mask, types, output_hidden_states=True)
+    assert len(a.hidden_states) == len(b.hidden_states) == TINY.num_hidden_layers + 1
+    for x, y in zip(a.hidden_states, b.hidden_states, strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(a.pooled_output, b.pooled_output, atol=1e-5, rtol=1e-5)
+
+    la = _apply(BertForPreTraining(loop_cfg), params, ids, mask, types, positions)
+    lb = _apply(BertForPreTraining(scan_cfg), scanned, ids, mask, types, positions)
+    np.testing.assert_allclose(la.mlm_logits, lb.mlm_logits, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(la.nsp_logits, lb.nsp_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_scan_and_loop_differ_only_in_layout():
+    ids = jnp.zeros((1, 4), jnp.int32)
+
+    def shapes(module):
+        return jax.eval_shape(lambda: nn.meta.unbox(module.init(jax.random.key(0), ids)))
+
+    loop = shapes(BertModel(TINY))["params"]
+    scan = shapes(BertModel(TINY.replace(scan_layers=True)))["params"]
+    assert set(loop["encoder"]) == {f"layer_{i}" for i in range(TINY.num_hidden_layers)}
+    assert set(scan["encoder"]) == {"layers"}
+    stacked = stack_layers(
+        jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), loop["encoder"]), 3
+    )
+    assert jax.tree_util.tree_map(np.shape, stacked) == jax.tree_util.tree_map(
+        lambda x: x.shape, scan["encoder"]
+    )
+
+
+# --- Config -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(hidden_size=100, num_attention_heads=12), "not divisible by num_attention_heads"),
+        (dict(num_hidden_layers=0), "num_hidden_layers must be a positive integer"),
+        (dict(vocab_size=-5), "vocab_size must be a positive integer"),
+        (dict(hidden_dropout_prob=1.0), "hidden_dropout_prob must be in [0, 1)"),
+        (dict(hidden_act="relu"), "hidden_act 'relu' is not supported"),
+        (dict(remat_policy="some"), "remat_policy must be one of"),
+        (dict(dtype="int8"), "dtype must be one of"),
+        (dict(layer_norm_eps=0.0), "layer_norm_eps must be positive"),
+    ],
+)
+def test_config_validation(changes, message):
+    with pytest.raises(ConfigError) as err:
+        BertConfig(**changes)
+    assert message in str(err.value)
+
+
+def test_config_errors_from_files(tmp_path):
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        BertConfig.from_preset("huge")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "roberta", "hidden_size": 64}))
+    with pytest.raises(ConfigError, match=r"config\.json: model_type 'roberta'"):
+        BertConfig.from_json_file(path)
+    path.write_text(json.dumps({"position_embedding_type": "relative_key"}))
+    with pytest.raises(ConfigError, match="relative_key"):
+        BertConfig.from_json_file(path)
+    path.write_text(json.dumps({"hidden_size": 100, "num_attention_heads": 12}))
+    with pytest.raises(ConfigError, match=r"config\.json: invalid BertConfig.*not divisible"):
+        BertConfig.from_json_file(path)
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        BertConfig.from_json_file(path)
+    with pytest.raises(ConfigError, match="no such config file"):
+        BertConfig.from_json_file(tmp_path / "missing.json")
+
+
+def test_google_config_round_trip(tmp_path):
+    config = BertConfig.from_preset("small", vocab_size=21128, type_vocab_size=3)
+    path = tmp_path / "bert_config.json"
+    config.write_json(path, flavour="google")
+    data = json.loads(path.read_text())
+    # The exact key set of google-research/bert's published bert_config.json files.
+    assert set(data) == {
+        "attention_probs_dropout_prob",
+        "hidden_act",
+        "hidden_dropout_prob",
+        "hidden_size",
+        "initializer_range",
+        "intermediate_size",
+        "max_position_embeddings",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "type_vocab_size",
+        "vocab_size",
+    }
+    assert BertConfig.from_json_file(path) == config
+
+
+def test_hf_config_round_trip_through_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = BertConfig.from_preset("mini", vocab_size=1000, layer_norm_eps=1e-7)
+    path = tmp_path / "config.json"
+    config.write_json(path, flavour="hf")
+    assert BertConfig.from_json_file(path) == config
+    # transformers reads our config.json with the same architecture...
+    theirs = transformers.BertConfig.from_json_file(str(path))
+    for field in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "layer_norm_eps",
+        "hidden_act",
+    ):
+        assert getattr(theirs, field) == getattr(config, field), field
+    # ...and the config.json transformers writes reads back as the same config.
+    out = tmp_path / "theirs"
+    theirs.save_pretrained(str(out))
+    assert BertConfig.from_json_file(out / "config.json") == config
