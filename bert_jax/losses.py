@@ -1,0 +1,43 @@
+"""Pretraining losses and accuracies: MLM over `masked_lm_weights`, NSP over the batch."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bert_jax.heads import PreTrainingOutput
+
+
+def weighted_cross_entropy(logits, labels, weights):
+    """Σ w·CE / (Σ w + 1e-5), the original's MLM loss; also returns weighted accuracy."""
+    logits = logits.astype(jnp.float32)
+    per_example = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    weights = weights.astype(jnp.float32)
+    denominator = jnp.sum(weights) + 1e-5
+    loss = jnp.sum(per_example * weights) / denominator
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    accuracy = jnp.sum(correct * weights) / denominator
+    return loss, accuracy
+
+
+def pretraining_loss(
+    outputs: PreTrainingOutput, batch: dict[str, jax.Array]
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Total loss = MLM loss + NSP loss, as in the original `run_pretraining.py`."""
+    mlm_loss, mlm_accuracy = weighted_cross_entropy(
+        outputs.mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"]
+    )
+    nsp_logits = outputs.nsp_logits.astype(jnp.float32)
+    nsp_labels = batch["next_sentence_labels"].reshape(-1)
+    nsp_loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(nsp_logits, nsp_labels))
+    nsp_accuracy = jnp.mean((jnp.argmax(nsp_logits, axis=-1) == nsp_labels).astype(jnp.float32))
+    loss = mlm_loss + nsp_loss
+    metrics = {
+        "loss": loss,
+        "mlm_loss": mlm_loss,
+        "mlm_accuracy": mlm_accuracy,
+        "nsp_loss": nsp_loss,
+        "nsp_accuracy": nsp_accuracy,
+    }
+    return loss, metrics

@@ -1,0 +1,106 @@
+"""Training metrics: model FLOPs and MFU, and the JSONL + TensorBoard writer.
+
+Only process 0 writes; every other process gets a writer that does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.config import BertConfig
+
+# Dense bf16 peak FLOP/s of one JAX device (a TPU v2/v3 device is one core, later TPUs
+# expose one device per chip), from the vendors' published figures.
+PEAK_FLOPS_BY_DEVICE_KIND = {
+    "TPU v2": 22.5e12,
+    "TPU v3": 61.5e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5": 459e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+    "NVIDIA H100 80GB HBM3": 989e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+}
+
+
+def forward_flops_per_sequence(config: BertConfig, seq_len: int, predictions: int) -> float:
+    """Matmul FLOPs of one forward pass of encoder + MLM (gathered) + NSP for one sequence."""
+    h, i, v, t = config.hidden_size, config.intermediate_size, config.vocab_size, seq_len
+    per_layer = 8 * t * h * h + 4 * t * h * i + 4 * t * t * h  # QKV+out, FFN, QK^T and PV
+    heads = 2 * h * h + 2 * predictions * (h * h + h * v) + 2 * h * 2  # pooler, MLM, NSP
+    return config.num_hidden_layers * per_layer + heads
+
+
+def train_flops_per_step(config: BertConfig, batch: int, seq_len: int, predictions: int):
+    """Forward + backward (2x forward) model FLOPs of one training step."""
+    return 3.0 * batch * forward_flops_per_sequence(config, seq_len, predictions)
+
+
+def measure_cpu_peak_flops(dtype: str = "float32", size: int = 1024, repeats: int = 5) -> float:
+    """The FLOP/s of a large matmul on this host's CPU in `dtype` (f32 accumulation)."""
+    a = jnp.ones((size, size), dtype)
+    matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+    matmul(a, a).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, a).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / float(np.median(times))
+
+
+def peak_flops_per_device(dtype: str = "float32") -> float:
+    """The peak of this host's devices: the published figure, or measured on CPU."""
+    device = jax.local_devices()[0]
+    if device.platform == "cpu":
+        # Fake CPU devices share the host's cores: the host peak is split among them.
+        return measure_cpu_peak_flops(dtype) / jax.local_device_count()
+    for kind, flops in PEAK_FLOPS_BY_DEVICE_KIND.items():
+        if device.device_kind.startswith(kind):
+            return flops
+    return float("nan")
+
+
+class MetricsWriter:
+    """Appends scalars to `<workdir>/metrics.jsonl` and TensorBoard events (process 0)."""
+
+    def __init__(self, workdir: str, enabled: bool | None = None):
+        self.enabled = jax.process_index() == 0 if enabled is None else enabled
+        self._jsonl = None
+        self._summary = None
+        if self.enabled:
+            import tensorflow as tf  # TensorBoard's event writer
+
+            os.makedirs(workdir, exist_ok=True)
+            self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+            self._summary = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+
+    def write(self, step: int, scalars: dict[str, float], prefix: str = "train") -> None:
+        if not self.enabled:
+            return
+        import tensorflow as tf
+
+        record = {"step": int(step), "split": prefix, **{k: float(v) for k, v in scalars.items()}}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        with self._summary.as_default(step=int(step)):
+            for name, value in scalars.items():
+                tf.summary.scalar(f"{prefix}/{name}", float(value))
+        self._summary.flush()
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._summary.close()
+            self._jsonl = self._summary = None

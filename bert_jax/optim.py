@@ -1,0 +1,125 @@
+"""Optimizers and learning-rate schedules of the BERT recipes, built from optax pieces.
+
+- `adamw`: the original BERT `AdamWeightDecayOptimizer` (Adam without bias correction,
+  decoupled weight decay skipped for LayerNorm parameters and biases).
+- `lamb`: LAMB for large-batch pretraining (You et al. 2019), optax's implementation.
+Both are preceded by global-norm clipping and may accumulate gradients over micro-steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+# Parameter names that the original excludes from weight decay ("LayerNorm", "layer_norm",
+# "bias"); ours are the LayerNorm `scale`/`bias` leaves, every `bias`, and the MLM output bias.
+_NO_DECAY_LEAVES = ("bias", "scale", "output_bias")
+
+
+def decay_mask(params: Any) -> Any:
+    """True for the leaves weight decay applies to: kernels and embedding tables."""
+
+    def decays(path, _):
+        # The last dict key names the leaf (boxed params add an attribute key after it).
+        names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        return names[-1] not in _NO_DECAY_LEAVES
+
+    return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def warmup_polynomial_decay(
+    peak_value: float, warmup_steps: int, total_steps: int, power: float = 1.0, end_value=0.0
+) -> optax.Schedule:
+    """The original schedule: linear warmup from 0, polynomial decay counted from step 0.
+
+    As in google-research/bert, the decay is computed from the global step (not from the
+    end of warmup), and warmup replaces it while `step < warmup_steps`.
+    """
+    decay = optax.polynomial_schedule(peak_value, end_value, power, total_steps)
+
+    def schedule(step):
+        warmup = peak_value * step / max(warmup_steps, 1)
+        return jnp.where(step < warmup_steps, warmup, decay(step))
+
+    return schedule
+
+
+class ScaleByAdamNoBiasState(NamedTuple):
+    mu: Any  # first moment
+    nu: Any  # second moment
+
+
+def scale_by_adam_without_bias_correction(
+    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6
+) -> optax.GradientTransformation:
+    """Adam's m / (sqrt(v) + eps) without bias correction, as the original BERT optimizer."""
+
+    def init(params):
+        zeros = optax.tree_utils.tree_zeros_like(params)
+        return ScaleByAdamNoBiasState(mu=zeros, nu=optax.tree_utils.tree_zeros_like(params))
+
+    def update(updates, state, params=None):
+        del params
+        mu = optax.tree_utils.tree_update_moment(updates, state.mu, b1, 1)
+        nu = optax.tree_utils.tree_update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+        return updates, ScaleByAdamNoBiasState(mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init, update)
+
+
+def bert_adamw(
+    learning_rate: optax.ScalarOrSchedule,
+    weight_decay: float = 0.01,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+) -> optax.GradientTransformation:
+    """The original BERT AdamW: no bias correction, decay masked off LayerNorm and biases."""
+    return optax.chain(
+        scale_by_adam_without_bias_correction(b1, b2, eps),
+        optax.add_decayed_weights(weight_decay, mask=decay_mask),
+        optax.scale_by_learning_rate(learning_rate),
+    )
+
+
+def learning_rate_schedule(
+    config: ml_collections.ConfigDict, num_train_steps: int
+) -> optax.Schedule:
+    """The schedule an optimizer config describes, over `num_train_steps` updates."""
+    return warmup_polynomial_decay(
+        config.learning_rate,
+        config.warmup_steps,
+        num_train_steps,
+        power=config.get("decay_power", 1.0),
+    )
+
+
+def make_optimizer(
+    config: ml_collections.ConfigDict, num_train_steps: int
+) -> optax.GradientTransformation:
+    """Builds the optimizer of an experiment's `config.optimizer` block.
+
+    Keys: name ('adamw' | 'lamb'), learning_rate, warmup_steps, decay_power,
+    weight_decay, b1, b2, eps, max_grad_norm, grad_accum_steps. The schedule counts
+    optimizer updates, i.e. micro-steps / grad_accum_steps.
+    """
+    schedule = learning_rate_schedule(config, num_train_steps)
+    if config.name == "adamw":
+        opt = bert_adamw(schedule, config.weight_decay, config.b1, config.b2, config.eps)
+    elif config.name == "lamb":
+        opt = optax.lamb(
+            schedule, config.b1, config.b2, config.eps, weight_decay=config.weight_decay,
+            mask=decay_mask,
+        )
+    else:
+        raise ValueError(f"config.optimizer.name {config.name!r} is not 'adamw' or 'lamb'")
+    if config.max_grad_norm:
+        opt = optax.chain(optax.clip_by_global_norm(config.max_grad_norm), opt)
+    if config.get("grad_accum_steps", 1) > 1:
+        opt = optax.MultiSteps(opt, every_k_schedule=config.grad_accum_steps)
+    return opt

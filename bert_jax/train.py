@@ -1,0 +1,368 @@
+"""The pretraining state, the jitted train/eval steps, and the train-and-evaluate loop.
+
+The step is one pure function `(state, batch, rng) -> (state, metrics)`, jitted once
+with explicit shardings and the state donated. Dropout randomness is
+`fold_in(rng, state.step)`, so a resumed run repeats the uninterrupted one exactly.
+
+Resume order (first that applies): a checkpoint in `<workdir>/checkpoints`, else
+`config.resume_from` (a full train state: params, optimizer, step), else
+`config.init_from` (params only: this project's checkpoint, a Google TF checkpoint or a
+Hugging Face directory), else a fresh initialisation.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
+from tqdm import tqdm
+
+from bert_jax import checkpointing, metrics, optim, sharding
+from bert_jax.config import BertConfig
+from bert_jax.heads import BertForPreTraining
+from bert_jax.losses import pretraining_loss
+
+BATCH_KEYS = (
+    "input_ids",
+    "input_mask",
+    "segment_ids",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "masked_lm_weights",
+    "next_sentence_labels",
+)
+
+
+class TrainState(flax.struct.PyTreeNode):
+    step: jax.Array  # number of train steps (micro-batches) taken
+    params: Any
+    opt_state: Any
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> BertConfig:
+    """The frozen model config an experiment's `config.model` block describes."""
+    fields = dict(config.model)
+    preset = fields.pop("preset")
+    if fields.get("vocab_size") is None:
+        fields["vocab_size"] = vocab_size or 30522
+    return BertConfig.from_preset(preset, **fields)
+
+
+def example_batch(batch_size: int, seq_len: int, predictions: int) -> dict[str, jax.Array]:
+    """Zeros with the shapes and dtypes of a training batch (for init and tracing)."""
+    shapes = {
+        "input_ids": (batch_size, seq_len),
+        "input_mask": (batch_size, seq_len),
+        "segment_ids": (batch_size, seq_len),
+        "masked_lm_positions": (batch_size, predictions),
+        "masked_lm_ids": (batch_size, predictions),
+        "next_sentence_labels": (batch_size,),
+    }
+    batch = {k: jnp.zeros(s, jnp.int32) for k, s in shapes.items()}
+    batch["masked_lm_weights"] = jnp.zeros((batch_size, predictions), jnp.float32)
+    return batch
+
+
+def _apply(model, params, batch, **kwargs):
+    return model.apply(
+        {"params": params},
+        batch["input_ids"],
+        batch["input_mask"],
+        batch["segment_ids"],
+        batch["masked_lm_positions"],
+        **kwargs,
+    )
+
+
+def init_train_state(model, tx, batch, rng) -> TrainState:
+    """A fresh state; params and optimizer moments keep the model's axis-name boxes."""
+    params = model.init(rng, *(batch[k] for k in BATCH_KEYS[:4]))["params"]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def state_shardings(model, tx, mesh, batch, rules=sharding.DEFAULT_RULES):
+    """(abstract unboxed state, its shardings) without allocating anything."""
+    init = functools.partial(init_train_state, model, tx, batch)
+    abstract = jax.eval_shape(init, jax.random.key(0))
+    shardings = nn.unbox(sharding.shardings_of(abstract, mesh, rules))
+    return nn.unbox(abstract), shardings, init
+
+
+def global_norm(tree) -> jax.Array:
+    return optax.tree_utils.tree_l2_norm(tree)
+
+
+def train_step(state: TrainState, batch, rng, *, model, tx, schedule, accum_steps: int):
+    """One step: forward, backward, optimizer update; returns (new state, metrics)."""
+    dropout_rng = jax.random.fold_in(rng, state.step)
+
+    def loss_fn(params):
+        outputs = _apply(model, params, batch, deterministic=False, rngs={"dropout": dropout_rng})
+        return pretraining_loss(outputs, batch)
+
+    (_, step_metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    step_metrics |= {
+        "learning_rate": schedule(state.step // accum_steps),
+        "grad_norm": global_norm(grads),
+        "param_norm": global_norm(params),
+        "update_norm": global_norm(updates),
+    }
+    return TrainState(state.step + 1, params, opt_state), step_metrics
+
+
+def eval_step(params, batch, *, model):
+    """Held-out metrics of one batch (no dropout)."""
+    _, step_metrics = pretraining_loss(_apply(model, params, batch), batch)
+    return step_metrics
+
+
+def jit_steps(model, tx, schedule, mesh, shardings, accum_steps: int = 1):
+    """The jitted train and eval steps with explicit in/out shardings."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    data = sharding.batch_sharding(mesh)
+    batch_shardings = {k: data for k in BATCH_KEYS}
+    step = jax.jit(
+        functools.partial(
+            train_step, model=model, tx=tx, schedule=schedule, accum_steps=accum_steps
+        ),
+        in_shardings=(shardings, batch_shardings, replicated),
+        out_shardings=(shardings, replicated),
+        donate_argnums=0,
+    )
+    evaluate = jax.jit(
+        functools.partial(eval_step, model=model),
+        in_shardings=(shardings.params, batch_shardings),
+        out_shardings=replicated,
+    )
+    return step, evaluate
+
+
+# --- the loop ------------------------------------------------------------------------------
+
+
+def _gather_positions(position: dict) -> list[dict]:
+    """Every process's data position (JSON, padded bytes through an all-gather)."""
+    if jax.process_count() == 1:
+        return [position]
+    raw = json.dumps(position).encode()
+    if len(raw) > 4096:
+        raise ValueError(f"data position too long to gather: {position}")
+    buffer = np.zeros(4096, np.uint8)
+    buffer[: len(raw)] = np.frombuffer(raw, np.uint8)
+    gathered = multihost_utils.process_allgather(buffer)
+    return [json.loads(bytes(row).rstrip(b"\0")) for row in np.asarray(gathered)]
+
+
+def _data_identity(config) -> dict:
+    """The data settings a saved data position is only valid for."""
+    data = config.data
+    return {
+        "train_files": data.train_files,
+        "max_seq_length": data.max_seq_length,
+        "max_predictions_per_seq": data.max_predictions_per_seq,
+        "dynamic_masking": data.dynamic_masking,
+        "global_batch_size": config.global_batch_size,
+        "seed": config.seed,
+    }
+
+
+def _make_input(config, position, *, files, seed, mask_config):
+    from data_pipelines import input_pipeline
+
+    data = config.data
+    return input_pipeline.make_pretraining_dataset(
+        files,
+        global_batch_size=config.global_batch_size,
+        max_seq_length=data.max_seq_length,
+        max_predictions_per_seq=data.max_predictions_per_seq,
+        seed=seed,
+        shuffle_buffer=data.shuffle_buffer,
+        dynamic_masking=data.dynamic_masking,
+        masking_config=mask_config,
+        start_position=position,
+    )
+
+
+def _masking_config(config, tokenizer):
+    if not config.data.dynamic_masking:
+        return None
+    from data_pipelines import masking
+
+    return masking.MaskingConfig(
+        vocab_size=tokenizer.vocab_size,
+        mask_id=tokenizer.mask_id,
+        special_ids=(tokenizer.cls_id, tokenizer.sep_id),
+        max_predictions_per_seq=config.data.max_predictions_per_seq,
+        masked_lm_prob=config.data.masked_lm_prob,
+        whole_word=config.data.whole_word_mask,
+    )
+
+
+def _load_init_params(path: str, cfg: BertConfig, abstract_params):
+    """Params for `init_from`: our checkpoint dir, a TF checkpoint or a HF directory."""
+    if checkpointing.is_checkpoint_dir(path):
+        return checkpointing.restore_params(path, abstract_params)
+    from bert_jax import convert
+
+    _, params, _ = convert.load_pretrained(path, config=cfg, model="pretraining")
+    return params
+
+
+def _restore(config, workdir, abstract_state, shardings):
+    """Applies the resume order; returns (state or None, data position or None, source)."""
+    target = checkpointing.abstract_like(abstract_state, shardings)
+    own = checkpointing.make_manager(os.path.join(workdir, "checkpoints"), async_save=False)
+    if own.latest_step() is not None:
+        state, positions, _ = checkpointing.restore(own, None, target)
+        return state, positions[jax.process_index()], f"{own.directory} step {int(state.step)}"
+    if config.resume_from:
+        other = checkpointing.make_manager(config.resume_from, async_save=False)
+        state, positions, saved = checkpointing.restore(other, None, target)
+        same_data = saved.get("data_identity") == _data_identity(config)
+        position = positions[jax.process_index()] if same_data else None
+        return state, position, f"resume_from {config.resume_from} step {int(state.step)}"
+    return None, None, None
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+    """Pretrains as `config` says, checkpointing into `workdir`; returns the last metrics."""
+    from data_pipelines.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(config.data.vocab_file, do_lower_case=config.data.do_lower_case)
+    cfg = model_config(config, tokenizer.vocab_size)
+    if cfg.vocab_size < tokenizer.vocab_size:
+        raise ValueError(
+            f"config.model.vocab_size {cfg.vocab_size} < {tokenizer.vocab_size} tokens in "
+            f"{config.data.vocab_file}"
+        )
+    mesh = sharding.create_mesh(config.mesh_shape)
+    model = BertForPreTraining(cfg)
+    accum = config.optimizer.get("grad_accum_steps", 1)
+    tx = optim.make_optimizer(config.optimizer, config.num_train_steps // accum)
+    schedule = optim.learning_rate_schedule(config.optimizer, config.num_train_steps // accum)
+    data = config.data
+    batch = example_batch(config.global_batch_size, data.max_seq_length, data.max_predictions_per_seq)
+    abstract_state, shardings, init = state_shardings(model, tx, mesh, batch)
+    step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum)
+
+    state, position, source = _restore(config, workdir, abstract_state, shardings)
+    if state is None:
+        rng = jax.random.key(config.seed)
+        state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)(rng)
+        source = "scratch"
+        if config.init_from:
+            params = _load_init_params(config.init_from, cfg, abstract_state.params)
+            state = state.replace(params=jax.device_put(params, shardings.params))
+            source = f"init_from {config.init_from} (params only)"
+    logging.info("train state from %s; mesh %s", source, dict(mesh.shape))
+
+    mask_config = _masking_config(config, tokenizer)
+    train_data = _make_input(
+        config, position, files=data.train_files, seed=config.seed, mask_config=mask_config
+    )
+    manager = checkpointing.make_manager(
+        os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints
+    )
+    writer = metrics.MetricsWriter(workdir)
+    watcher = checkpointing.PreemptionWatcher(manager)
+    config_json = checkpointing.config_to_json(config) | {"data_identity": _data_identity(config)}
+    flops = metrics.train_flops_per_step(
+        cfg, config.global_batch_size, data.max_seq_length, data.max_predictions_per_seq
+    )
+    peak = metrics.peak_flops_per_device(cfg.dtype) * jax.device_count()
+
+    def save(step):
+        checkpointing.save(manager, step, state, _gather_positions(train_data.position), config_json)
+
+    def evaluate(step):
+        if not data.eval_files:
+            return {}
+        eval_data = _make_input(config, None, files=data.eval_files, seed=0, mask_config=mask_config)
+        totals = []
+        for _ in range(config.eval_steps):
+            totals.append(eval_fn(state.params, sharding.global_batch(next(eval_data), mesh)))
+        result = {k: float(np.mean([t[k] for t in totals])) for k in totals[0]}
+        writer.write(step, result, prefix="eval")
+        logging.info("eval at step %d: %s", step, _fmt(result))
+        return result
+
+    rng = jax.random.key(config.seed)
+    start = int(state.step)
+    stop = config.get("stop_at_step") or config.num_train_steps
+    pending: list[tuple[int, dict]] = []
+    last: dict[str, float] = {}
+    progress = tqdm(total=stop, initial=start, disable=jax.process_index() != 0, desc="pretrain")
+    timer = (time.perf_counter(), start)
+    with sharding.activation_context(mesh):
+        if start == 0:
+            evaluate(0)
+        for step in range(start + 1, stop + 1):
+            state, step_metrics = step_fn(state, sharding.global_batch(next(train_data), mesh), rng)
+            pending.append((step, step_metrics))
+            progress.update(1)
+            if step == start + 1:  # keep compilation out of the throughput figures
+                jax.block_until_ready(state.step)
+                timer = (time.perf_counter(), step)
+            stopping = watcher.should_stop(step)
+            checkpoint_now = step % config.checkpoint_every == 0 or step == stop or stopping
+            if step % config.log_every == 0 or checkpoint_now:
+                # Checked before any save, so a checkpoint never holds a non-finite state.
+                last = _flush(pending, writer, timer, step, flops, peak, config, manager)
+                timer = (time.perf_counter(), step)
+                progress.set_postfix(loss=f"{last['loss']:.3f}", mlm_acc=f"{last['mlm_accuracy']:.3f}")
+                pending = []
+            if config.eval_every and step % config.eval_every == 0:
+                last |= {f"eval_{k}": v for k, v in evaluate(step).items()}
+            if checkpoint_now:
+                save(step)
+            if stopping:
+                logging.warning("stopped by SIGTERM after step %d (checkpoint saved)", step)
+                break
+    progress.close()
+    manager.wait_until_finished()
+    manager.close()
+    watcher.close()
+    writer.close()
+    return last
+
+
+def _flush(pending, writer, timer, step, flops, peak, config, manager) -> dict[str, float]:
+    """Fetches the pending metrics, stops on a non-finite loss, writes the averages."""
+    fetched = jax.device_get([m for _, m in pending])
+    for (s, _), m in zip(pending, fetched):
+        if not np.isfinite(m["loss"]):
+            manager.wait_until_finished()
+            raise FloatingPointError(
+                f"non-finite loss {m['loss']} at step {s}; the last good checkpoint is step "
+                f"{manager.latest_step()} in {manager.directory}"
+            )
+    elapsed = time.perf_counter() - timer[0]
+    steps = step - timer[1]
+    averaged = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[-1]}
+    averaged["learning_rate"] = float(fetched[-1]["learning_rate"])
+    averaged["steps_per_second"] = steps / elapsed
+    averaged["sequences_per_second"] = steps * config.global_batch_size / elapsed
+    averaged["tokens_per_second"] = averaged["sequences_per_second"] * config.data.max_seq_length
+    averaged["mfu"] = flops * averaged["steps_per_second"] / peak
+    writer.write(step, averaged)
+    logging.info("step %d: %s", step, _fmt(averaged))
+    return averaged
+
+
+def _fmt(values: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in values.items())

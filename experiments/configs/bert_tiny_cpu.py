@@ -1,0 +1,65 @@
+r"""The embedded default: BERT-tiny (L2/H128/A2) pretrained on Shakespeare, on a CPU.
+
+`make pretrain` builds everything from nothing (vocab -> TFRecords -> training):
+
+  python -m data_pipelines.prepare_corpus --corpus=shakespeare \
+      --output_file=workdirs/shakespeare/corpus.txt
+  python -m data_pipelines.build_vocab --input_file=workdirs/shakespeare/corpus.txt \
+      --output_file=workdirs/shakespeare/vocab.txt --vocab_size=8000 --do_lower_case
+  python -m data_pipelines.create_pretraining_data ... (see the Makefile)
+  python -m experiments.pretrain --config=experiments/configs/bert_tiny_cpu.py \
+      --workdir=workdirs/tiny
+"""
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.seed = 0  # fixes init, data order, dynamic masks and dropout
+
+    config.model = ml_collections.ConfigDict()
+    config.model.preset = "tiny"  # L2/H128/A2 (bert_jax.config.PRESETS)
+    config.model.vocab_size = placeholder(int)  # None: the vocab file's size
+    config.model.dtype = "float32"  # compute dtype; "bfloat16" uses bf16 matmul inputs
+    config.model.scan_layers = False  # nn.scan over layers (faster compiles when deep)
+    config.model.remat_policy = "none"  # rematerialisation (bert_jax.config.REMAT_POLICIES)
+
+    config.data = ml_collections.ConfigDict()
+    config.data.train_files = "workdirs/shakespeare/train-*.tfrecord"  # globs, comma-separated
+    config.data.eval_files = "workdirs/shakespeare/eval-*.tfrecord"  # "" disables evaluation
+    config.data.vocab_file = "workdirs/shakespeare/vocab.txt"  # vocab.txt or sentencepiece .model
+    config.data.do_lower_case = True  # as the vocab was built
+    config.data.max_seq_length = 128  # T of the records
+    config.data.max_predictions_per_seq = 20  # P of the records
+    config.data.dynamic_masking = False  # True: records are unmasked, masked per epoch here
+    config.data.masked_lm_prob = 0.15  # dynamic masking only
+    config.data.whole_word_mask = False  # dynamic masking only
+    config.data.shuffle_buffer = 10_000  # records in the shuffle buffer
+
+    config.global_batch_size = 64  # sequences per step over all devices
+    config.num_train_steps = 2_000  # length of the learning-rate schedule
+    config.stop_at_step = placeholder(int)  # end of this phase (None: num_train_steps)
+    config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 fills the rest
+
+    config.optimizer = ml_collections.ConfigDict()
+    config.optimizer.name = "adamw"  # the original BERT AdamW ("lamb" for huge batches)
+    config.optimizer.learning_rate = 1e-3  # peak; small models take a larger rate
+    config.optimizer.warmup_steps = 200  # linear warmup from 0
+    config.optimizer.decay_power = 1.0  # polynomial decay to 0 (1.0 = linear)
+    config.optimizer.weight_decay = 0.01  # not applied to LayerNorm and biases
+    config.optimizer.b1 = 0.9
+    config.optimizer.b2 = 0.999
+    config.optimizer.eps = 1e-6
+    config.optimizer.max_grad_norm = 1.0  # global-norm clipping
+    config.optimizer.grad_accum_steps = 1  # micro-batches per update
+
+    config.log_every = 50  # steps between metric writes
+    config.eval_every = 500  # steps between held-out evaluations (0: never)
+    config.eval_steps = 10  # held-out batches per evaluation
+    config.checkpoint_every = 500  # steps between (async) checkpoints
+    config.keep_checkpoints = 3  # the newest K are kept
+    config.resume_from = ""  # a checkpoints dir with a full state (e.g. phase 1)
+    config.init_from = ""  # params only: our checkpoints dir, a TF checkpoint or a HF dir
+    return config

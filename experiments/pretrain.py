@@ -1,0 +1,50 @@
+r"""Pretrains BERT (MLM + NSP) on a device mesh, with Orbax checkpoints in --workdir.
+
+  python -m experiments.pretrain --config=experiments/configs/bert_tiny_cpu.py \
+      --workdir=workdirs/tiny [--config.key=value ...]
+
+Multi-host: on Cloud TPU VMs `jax.distributed.initialize()` finds its peers by itself;
+elsewhere give --coordinator_address, --num_processes and --process_id.
+"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events.")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host off TPU).")
+flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host off TPU).")
+flags.DEFINE_integer("process_id", None, "This process's index (multi-host off TPU).")
+flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (Cloud TPU pods).")
+flags.mark_flags_as_required(["config", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax
+
+    if FLAGS.coordinator_address or FLAGS.distributed:
+        if FLAGS.coordinator_address:
+            # Gloo gives CPU processes their cross-process collectives (no effect elsewhere).
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=FLAGS.coordinator_address,
+            num_processes=FLAGS.num_processes,
+            process_id=FLAGS.process_id,
+        )
+    if jax.process_index() != 0:
+        logging.set_verbosity(logging.WARNING)
+    if FLAGS.verbosity <= 0:
+        # Orbax narrates every save at INFO; keep the console to our own progress and metrics.
+        logging.get_absl_handler().addFilter(lambda record: "/orbax/" not in record.pathname)
+    from bert_jax import train
+
+    final = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    if jax.process_index() == 0:
+        logging.info("final metrics: %s", final)
+
+
+if __name__ == "__main__":
+    app.run(main)

