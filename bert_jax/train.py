@@ -102,7 +102,7 @@ def state_shardings(model, tx, mesh, batch, rules=sharding.DEFAULT_RULES):
 
 
 def global_norm(tree) -> jax.Array:
-    return optax.tree_utils.tree_l2_norm(tree)
+    return optax.tree_utils.tree_norm(tree)
 
 
 def train_step(state: TrainState, batch, rng, *, model, tx, schedule, accum_steps: int):

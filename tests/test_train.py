@@ -1,0 +1,176 @@
+"""Optimizer faithfulness and sharded training trajectories (8 fake CPU devices)."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+import synthetic_pretraining as synth
+
+from bert_jax import optim, sharding, train
+from bert_jax.heads import BertForPreTraining
+
+
+def _optimizer_config(**overrides):
+    config = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            learning_rate=1e-3,
+            warmup_steps=3,
+            decay_power=1.0,
+            weight_decay=0.01,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-6,
+            max_grad_norm=1.0,
+            grad_accum_steps=1,
+        )
+    )
+    config.update(overrides)
+    return config
+
+
+def _reference_bert_adamw(params, grads_per_step, lr_at, wd=0.01, b1=0.9, b2=0.999, eps=1e-6):
+    """The update rule of the original AdamWeightDecayOptimizer, written out in numpy:
+    clip by global norm 1.0, m/v without bias correction, decay except LayerNorm/bias."""
+    params = {k: v.astype(np.float64) for k, v in params.items()}
+    m = {k: np.zeros_like(v) for k, v in params.items()}
+    v = {k: np.zeros_like(x) for k, x in params.items()}
+    for step, grads in enumerate(grads_per_step):
+        norm = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in grads.values()))
+        scale = 1.0 / max(norm, 1.0)
+        for k in params:
+            g = grads[k] * scale
+            m[k] = b1 * m[k] + (1 - b1) * g
+            v[k] = b2 * v[k] + (1 - b2) * g * g
+            update = m[k] / (np.sqrt(v[k]) + eps)
+            if not (k.endswith("bias") or k.endswith("scale")):
+                update = update + wd * params[k]
+            params[k] = params[k] - lr_at(step) * update
+    return params
+
+
+def test_bert_adamw_matches_the_original_update_rule():
+    rng = np.random.default_rng(0)
+    params = {
+        "kernel": rng.normal(size=(4, 3)).astype(np.float32),
+        "bias": rng.normal(size=(3,)).astype(np.float32),
+        "scale": rng.normal(size=(3,)).astype(np.float32),
+    }
+    grads = [{k: rng.normal(size=p.shape).astype(np.float32) * 3 for k, p in params.items()}
+             for _ in range(6)]
+    config = _optimizer_config()
+    tx = optim.make_optimizer(config, num_train_steps=10)
+    state = tx.init(params)
+    ours = {k: jnp.asarray(v) for k, v in params.items()}
+    for g in grads:
+        updates, state = tx.update(g, state, ours)
+        ours = optax.apply_updates(ours, updates)
+
+    def lr_at(step):  # linear warmup over 3 steps, then linear decay to 0 at step 10
+        return 1e-3 * step / 3 if step < 3 else 1e-3 * (1 - step / 10)
+
+    expected = _reference_bert_adamw(params, grads, lr_at)
+    for k in params:
+        np.testing.assert_allclose(np.asarray(ours[k]), expected[k], rtol=1e-5, atol=1e-7)
+
+
+def test_weight_decay_skips_layer_norm_and_biases():
+    params = train.init_train_state(
+        BertForPreTraining(synth.TINY),
+        optax.identity(),
+        train.example_batch(2, synth.SEQ_LEN, synth.PREDICTIONS),
+        jax.random.key(0),
+    ).params
+    mask = jax.tree_util.tree_flatten_with_path(optim.decay_mask(nn.unbox(params)))[0]
+    decayed = {jax.tree_util.keystr(path) for path, on in mask if on}
+    skipped = {jax.tree_util.keystr(path) for path, on in mask if not on}
+    assert any("word_embeddings" in p for p in decayed)
+    assert any("intermediate']['kernel" in p for p in decayed)
+    assert all(p.endswith(("['bias']", "['scale']", "['output_bias']")) for p in skipped)
+    assert any("layer_norm']['scale" in p for p in skipped)
+    assert not any(p.endswith("['bias']") for p in decayed)
+
+
+def test_schedule_is_the_originals():
+    schedule = optim.warmup_polynomial_decay(1e-4, warmup_steps=10, total_steps=100)
+    assert float(schedule(0)) == 0.0
+    np.testing.assert_allclose(float(schedule(5)), 5e-5, rtol=1e-6)
+    # After warmup the decay is counted from step 0, as in google-research/bert.
+    np.testing.assert_allclose(float(schedule(10)), 1e-4 * 0.9, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(100)), 0.0, atol=1e-12)
+
+
+def test_gradient_accumulation_equals_the_large_batch_update():
+    params = {"w": jnp.arange(6.0).reshape(2, 3)}
+    grads = [{"w": jnp.full((2, 3), float(i + 1))} for i in range(4)]
+    big = optim.make_optimizer(_optimizer_config(max_grad_norm=0.0), 8)
+    small = optim.make_optimizer(_optimizer_config(max_grad_norm=0.0, grad_accum_steps=2), 8)
+    p_big, s_big = params, big.init(params)
+    for pair in (grads[:2], grads[2:]):
+        mean = jax.tree.map(lambda a, b: (a + b) / 2, *pair)
+        u, s_big = big.update(mean, s_big, p_big)
+        p_big = optax.apply_updates(p_big, u)
+    p_small, s_small = params, small.init(params)
+    for g in grads:
+        u, s_small = small.update(g, s_small, p_small)
+        p_small = optax.apply_updates(p_small, u)
+    np.testing.assert_allclose(p_small["w"], p_big["w"], rtol=1e-6)
+
+
+def test_lamb_trust_ratio_scales_per_layer():
+    tx = optim.make_optimizer(_optimizer_config(name="lamb", max_grad_norm=0.0), 10)
+    params = {"a": {"kernel": jnp.ones((3, 3)) * 10.0}, "b": {"kernel": jnp.ones((3, 3)) * 0.1}}
+    grads = jax.tree.map(jnp.ones_like, params)
+    state = tx.init(params)
+    for _ in range(2):
+        updates, state = tx.update(grads, state, params)
+    ratio = jnp.linalg.norm(updates["a"]["kernel"]) / jnp.linalg.norm(updates["b"]["kernel"])
+    assert float(ratio) == pytest.approx(100.0, rel=1e-3)  # ∝ the layer's own weight norm
+
+
+# --- sharded trajectories -----------------------------------------------------------------
+
+STEPS = 5
+
+
+def _trajectory(mesh_shape, devices=None):
+    mesh = sharding.create_mesh(mesh_shape, devices)
+    model = BertForPreTraining(synth.TINY)
+    config = _optimizer_config(learning_rate=5e-3)
+    tx = optim.make_optimizer(config, 20)
+    schedule = optim.learning_rate_schedule(config, 20)
+    batch = train.example_batch(8, synth.SEQ_LEN, synth.PREDICTIONS)
+    _, shardings, init = train.state_shardings(model, tx, mesh, batch)
+    state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)(jax.random.key(0))
+    step_fn, _ = train.jit_steps(model, tx, schedule, mesh, shardings)
+    losses = []
+    with sharding.activation_context(mesh):
+        for step in range(STEPS):
+            global_batch = sharding.global_batch(synth.random_batch(8, seed=step), mesh)
+            state, metrics = step_fn(state, global_batch, jax.random.key(1))
+            losses.append(float(metrics["loss"]))
+    kernel = state.params["bert"]["encoder"]["layer_1"]["intermediate"]["kernel"]
+    return np.array(losses), np.asarray(kernel), kernel.sharding
+
+
+@functools.cache
+def _single_device():
+    return _trajectory((1, 1, 1), jax.devices()[:1])
+
+
+@pytest.mark.parametrize(
+    "mesh_shape", [(8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 1, 4)], ids=["dp", "fsdp", "tp", "dp_tp"]
+)
+def test_five_steps_on_a_mesh_equal_the_single_device_run(mesh_shape):
+    losses_ref, kernel_ref, _ = _single_device()
+    losses, kernel, kernel_sharding = _trajectory(mesh_shape)
+    assert losses[-1] < losses[0]  # it trains
+    np.testing.assert_allclose(losses, losses_ref, rtol=2e-5)
+    np.testing.assert_allclose(kernel, kernel_ref, rtol=1e-4, atol=1e-6)
+    if mesh_shape[1] > 1 or mesh_shape[2] > 1:  # the state really is split
+        assert kernel_sharding.shard_shape(kernel.shape) != kernel.shape
