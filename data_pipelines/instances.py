@@ -221,7 +221,7 @@ class DocumentTokenizer:
         return table
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class PairSpec:
     """One instance `[CLS] A [SEP] B [SEP]` as token ranges of its chunk (before padding)."""
 
@@ -236,28 +236,33 @@ def truncate_seq_pair(
     """Shortens a pair to `max_num_tokens`, one token at a time from the longer side.
 
     Each token is removed from the front or the back with probability 1/2, one
-    `rng.random()` per token, as in the original (which deletes list items; here only
-    the counts are kept).
+    `rng.random()` per token, as in the original (which deletes list items one by one;
+    here only the counts are kept).
 
     Returns:
         Tokens removed from (front of A, back of A, front of B, back of B).
     """
-    a_front = a_back = b_front = b_back = 0
-    while len_a + len_b > max_num_tokens:
-        front = rng.random() < 0.5
-        if len_a > len_b:
-            len_a -= 1
-            if front:
-                a_front += 1
-            else:
-                a_back += 1
-        else:
-            len_b -= 1
-            if front:
-                b_front += 1
-            else:
-                b_back += 1
-    return a_front, a_back, b_front, b_back
+    excess = len_a + len_b - max_num_tokens
+    if excess <= 0:
+        return 0, 0, 0, 0
+    # One draw per removed token, in order; True: from the front.
+    fronts = [rng.random() < 0.5 for _ in range(excess)]
+    # Which side loses each token depends only on the lengths: the longer one (B on a tie)
+    # until they differ by at most one, then the two sides alternate.
+    if len_a > len_b:
+        lead, lead_is_a = len_a - len_b, True
+    else:
+        lead, lead_is_a = len_b - len_a + 1, False
+    lead = min(lead, excess)
+    first, second = fronts[lead::2], fronts[lead + 1 :: 2]  # alternating, led by the other
+    lead_fronts = sum(fronts[:lead])
+    if lead_is_a:  # A first, then B, A, B, ...
+        a_fronts, a_total = lead_fronts + sum(second), lead + len(second)
+        b_fronts, b_total = sum(first), len(first)
+    else:  # B first, then A, B, A, ...
+        a_fronts, a_total = sum(first), len(first)
+        b_fronts, b_total = lead_fronts + sum(second), lead + len(second)
+    return a_fronts, a_total - a_fronts, b_fronts, b_total - b_fronts
 
 
 def _clip(segments: list[Segment], front: int, back: int) -> list[Segment]:
@@ -307,73 +312,80 @@ def create_instances_from_document(
         The instances as ranges (see `assemble`).
     """
     document = all_documents[document_index]
+    num_documents = len(all_documents)
     max_num_tokens = max_seq_length - 3
+    uniform, randint = rng.random, rng.randint  # hot loop: bound once
     target_seq_length = max_num_tokens
-    if rng.random() < short_seq_prob:
-        target_seq_length = rng.randint(2, max_num_tokens)
+    if uniform() < short_seq_prob:
+        target_seq_length = randint(2, max_num_tokens)
 
     instances: list[PairSpec] = []
+    counts = [0, 0, 0, 0, 0, 0]  # random next, forced, truncated, removed, tokens
     current_chunk: list[Segment] = []
     current_length = 0
     i = 0
-    while i < len(document):
+    last = len(document) - 1
+    while i <= last:
         segment = document[i]
         current_chunk.append(segment)
         current_length += segment[1]
-        if i == len(document) - 1 or current_length >= target_seq_length:
-            if current_chunk:
-                a_end = 1
-                if len(current_chunk) >= 2:
-                    a_end = rng.randint(1, len(current_chunk) - 1)
-                tokens_a = current_chunk[:a_end]
-                len_a = sum(length for _, length in tokens_a)
+        if i == last or current_length >= target_seq_length:
+            a_end = 1
+            if len(current_chunk) >= 2:
+                a_end = randint(1, len(current_chunk) - 1)
+            tokens_a = current_chunk[:a_end]
+            len_a = sum([length for _, length in tokens_a])
 
-                # The short-circuit matters: with one segment no random number is drawn.
-                forced = len(current_chunk) == 1
-                if forced or rng.random() < 0.5:
-                    is_random_next = True
-                    target_b_length = target_seq_length - len_a
-                    for _ in range(10):
-                        random_document_index = rng.randint(0, len(all_documents) - 1)
-                        if random_document_index != document_index:
-                            break
-                    random_document = all_documents[random_document_index]
-                    random_start = rng.randint(0, len(random_document) - 1)
-                    tokens_b = []
-                    len_b = 0
-                    for j in range(random_start, len(random_document)):
-                        tokens_b.append(random_document[j])
-                        len_b += random_document[j][1]
-                        if len_b >= target_b_length:
-                            break
-                    # The segments after A were not used: they start the next pair.
-                    i -= len(current_chunk) - a_end
-                else:
-                    is_random_next = False
-                    tokens_b = current_chunk[a_end:]
-                    len_b = sum(length for _, length in tokens_b)
+            # The short-circuit matters: with one segment no random number is drawn.
+            forced = len(current_chunk) == 1
+            if forced or uniform() < 0.5:
+                is_random_next = 1
+                target_b_length = target_seq_length - len_a
+                for _ in range(10):
+                    random_document_index = randint(0, num_documents - 1)
+                    if random_document_index != document_index:
+                        break
+                random_document = all_documents[random_document_index]
+                random_start = randint(0, len(random_document) - 1)
+                tokens_b = []
+                len_b = 0
+                for j in range(random_start, len(random_document)):
+                    tokens_b.append(random_document[j])
+                    len_b += random_document[j][1]
+                    if len_b >= target_b_length:
+                        break
+                # The segments after A were not used: they start the next pair.
+                i -= len(current_chunk) - a_end
+            else:
+                is_random_next = 0
+                tokens_b = current_chunk[a_end:]
+                len_b = current_length - len_a
 
+            if len_a + len_b > max_num_tokens:
                 a_front, a_back, b_front, b_back = truncate_seq_pair(
                     len_a, len_b, max_num_tokens, rng
                 )
-                instances.append(
-                    PairSpec(
-                        _clip(tokens_a, a_front, a_back),
-                        _clip(tokens_b, b_front, b_back),
-                        int(is_random_next),
-                    )
-                )
-                if stats is not None:
-                    removed = a_front + a_back + b_front + b_back
-                    stats.instances += 1
-                    stats.random_next += is_random_next
-                    stats.forced_random_next += forced
-                    stats.truncated_instances += removed > 0
-                    stats.truncated_tokens += removed
-                    stats.instance_tokens += len_a + len_b + 3 - removed
+                removed = a_front + a_back + b_front + b_back
+                tokens_a = _clip(tokens_a, a_front, a_back)
+                tokens_b = _clip(tokens_b, b_front, b_back)
+                counts[2] += 1
+                counts[3] += removed
+            else:
+                removed = 0
+            instances.append(PairSpec(tokens_a, tokens_b, is_random_next))
+            counts[0] += is_random_next
+            counts[1] += forced
+            counts[4] += len_a + len_b + 3 - removed
             current_chunk = []
             current_length = 0
         i += 1
+    if stats is not None:
+        stats.instances += len(instances)
+        stats.random_next += counts[0]
+        stats.forced_random_next += counts[1]
+        stats.truncated_instances += counts[2]
+        stats.truncated_tokens += counts[3]
+        stats.instance_tokens += counts[4]
     return instances
 
 
@@ -453,46 +465,39 @@ def assemble(
     continuation piece there, so no whole-word unit spans `[SEP]`.
     """
     n = len(pairs)
-    # Every range of every pair: its row, where it goes in the row, where it comes from.
-    rows: list[int] = []
-    dests: list[int] = []
-    sources: list[int] = []
-    sizes: list[int] = []
-    len_a = np.zeros(n, np.int64)
-    len_b = np.zeros(n, np.int64)
-    labels = np.zeros(n, np.int32)
-    for row, pair in enumerate(pairs):
-        dest = 1  # after [CLS]
-        for start, length in pair.a:
-            rows.append(row)
-            dests.append(dest)
-            sources.append(start)
-            sizes.append(length)
-            dest += length
-        len_a[row] = dest - 1
-        dest += 1  # [SEP]
-        for start, length in pair.b:
-            rows.append(row)
-            dests.append(dest)
-            sources.append(start)
-            sizes.append(length)
-            dest += length
-        len_b[row] = dest - 2 - len_a[row]
-        labels[row] = pair.next_sentence_label
+    # Every range of every pair, A's then B's: (start, length) in the chunk.
+    ranges: list[Segment] = []
+    for pair in pairs:
+        ranges += pair.a
+        ranges += pair.b
+    a_ranges_per_pair = [len(pair.a) for pair in pairs]
+    ranges_per_pair = [len(pair.b) + a for pair, a in zip(pairs, a_ranges_per_pair, strict=True)]
+    flat = np.fromiter(itertools.chain.from_iterable(ranges), np.int64, 2 * len(ranges))
+    table = flat.reshape(-1, 2)  # (K, 2)
+    sources, sizes = table[:, 0], table[:, 1]
+    per_pair = np.asarray(ranges_per_pair, np.int64)  # (N,)
+    range_row = np.repeat(np.arange(n), per_pair)  # (K,)
+    first_range = np.cumsum(per_pair) - per_pair  # (N,) index of each pair's first range
+    index_in_pair = np.arange(len(sizes)) - first_range[range_row]
+    in_b = index_in_pair >= np.asarray(a_ranges_per_pair, np.int64)[range_row]  # (K,)
+    len_b = np.bincount(range_row, weights=sizes * in_b, minlength=n).astype(np.int64)
+    len_a = np.bincount(range_row, weights=sizes * ~in_b, minlength=n).astype(np.int64)
+    labels = np.fromiter([p.next_sentence_label for p in pairs], np.int32, n)
     if np.any(len_a < 1) or np.any(len_b < 1):
         raise AssertionError("empty A or B segment")
     lengths = len_a + len_b + 3
     if np.any(lengths > max_seq_length):
         raise AssertionError(f"an instance is longer than max_seq_length {max_seq_length}")
+    # Where each range goes in its row: after [CLS], the ranges before it, and for B's the
+    # [SEP] after A.
+    before = np.cumsum(sizes) - sizes - (np.cumsum(sizes) - sizes)[first_range][range_row]
+    dests = 1 + before + in_b
 
     # Expand the ranges into per-token indices: range k covers sizes[k] tokens.
-    sizes_arr = np.asarray(sizes, np.int64)
-    within = np.arange(int(sizes_arr.sum())) - np.repeat(
-        np.cumsum(sizes_arr) - sizes_arr, sizes_arr
-    )
-    token_rows = np.repeat(np.asarray(rows, np.int64), sizes_arr)
-    token_dests = np.repeat(np.asarray(dests, np.int64), sizes_arr) + within
-    token_sources = np.repeat(np.asarray(sources, np.int64), sizes_arr) + within
+    within = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    token_rows = np.repeat(range_row, sizes)
+    token_dests = np.repeat(dests, sizes) + within
+    token_sources = np.repeat(sources, sizes) + within
 
     input_ids = np.zeros((n, max_seq_length), np.int32)
     word_starts = np.zeros((n, max_seq_length), np.int32)

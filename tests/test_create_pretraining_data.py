@@ -486,3 +486,21 @@ def test_a_failure_mid_run_leaves_no_output(tmp_path):
 def test_bad_flags_name_the_flag(tmp_path, override, flag):
     with pytest.raises(ValueError, match=flag):
         create_pretraining_data(_options(tmp_path, "x.txt", **override))
+
+
+def test_embedded_corpus_shortcuts(tmp_path):
+    import itertools
+
+    from data_pipelines.create_pretraining_data import iter_documents
+
+    stats = corpora.ReadStats()
+    shakespeare = list(
+        itertools.islice(iter_documents(_options(tmp_path, "", corpus="shakespeare"), stats), 3)
+    )
+    # Speeches, split into sentences later by the workers.
+    assert all(d.needs_split and d.words is None for d in shakespeare)
+    chinese = list(
+        itertools.islice(iter_documents(_options(tmp_path, "", corpus="peoples_daily"), stats), 3)
+    )
+    assert all(d.words is not None and not d.needs_split for d in chinese)
+    assert chinese[0].sentences[0].startswith("迈向充满希望的新世纪")
