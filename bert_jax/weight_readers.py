@@ -1,4 +1,4 @@
-"""Reading checkpoints: Hugging Face safetensors, Google TF checkpoints, params-only Orbax.
+"""Reading checkpoints: HF safetensors, Google TF, params-only Orbax, pretraining train states.
 
 `open_source(path)` finds the format (`detect_format`) and returns a `Source`: tensor
 names and shapes, with values read one at a time (so a BERT-Large import never holds two
@@ -10,6 +10,7 @@ StandardCheckpointer directory) + `config.json` (+ `vocab.txt`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import json
 import os
@@ -174,15 +175,89 @@ def _tf_source(prefix: str, config_file: str | None) -> Source:
     )
 
 
-def _orbax_source(directory: str) -> Source:
-    config, params, vocab_file = load_params(directory)
+def _ours_source(
+    location: str, config: BertConfig, params: Params, vocab_file: str | None
+) -> Source:
+    """A Source over params already in our layout (either encoder layout)."""
     params = with_layout(params, scan_layers=False, num_layers=config.num_hidden_layers)
     # Encoder names are relative to the encoder (as in `encoder_specs`), heads to the root.
     tensors = {"/".join(p): v for p, v in flatten(params.get("bert", params))}
     if "bert" in params:
         tensors.update(("/".join(p), v) for p, v in flatten(params) if p[0] != "bert")
     shapes = {name: value.shape for name, value in tensors.items()}
-    return Source(directory, "ours", shapes, tensors.__getitem__, config, vocab_file)
+    return Source(location, "ours", shapes, tensors.__getitem__, config, vocab_file)
+
+
+def _train_state_step(path: str) -> str | None:
+    """The step directory of a `bert_jax.checkpointing` train-state checkpoint at `path`.
+
+    `path` may be a step directory, a checkpoint directory (`<workdir>/checkpoints`, its
+    latest step is taken) or the workdir itself. Orbax names a step directory by its
+    number only once the step is completely written.
+    """
+
+    def is_step(d: str) -> bool:
+        return os.path.exists(os.path.join(d, "state", "_METADATA")) and os.path.isdir(
+            os.path.join(d, "config")
+        )
+
+    if is_step(path):
+        return path
+    for root in (path, os.path.join(path, "checkpoints")):
+        if os.path.isdir(root):
+            steps = [int(n) for n in os.listdir(root) if n.isdigit()]
+            steps = [n for n in steps if is_step(os.path.join(root, str(n)))]
+            if steps:
+                return os.path.join(root, str(max(steps)))
+    return None
+
+
+def _unbox(tree):
+    """Drops the `{"value": array}` wrappers that flax's axis-name boxes leave on disk."""
+    if isinstance(tree, Mapping):
+        if set(tree) == {"value"} and not isinstance(tree["value"], Mapping):
+            return tree["value"]
+        return {k: _unbox(v) for k, v in tree.items()}
+    return tree
+
+
+def _train_state_source(step_dir: str) -> Source:
+    """The params of a train-state checkpoint (the optimiser state is never read)."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    state_dir = os.path.join(step_dir, "state")
+    checkpointer = ocp.PyTreeCheckpointer()
+    tree = checkpointer.metadata(state_dir).item_metadata.tree
+    if "params" not in tree:
+        raise ConversionError(f"{state_dir}: the train state has no 'params'")
+    target = {
+        "params": jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree["params"])
+    }
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    restored = checkpointer.restore(
+        state_dir,
+        args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
+    )
+    params = _unbox(restored["params"])
+
+    # The experiment config saved beside the state: its `model` block is a preset plus
+    # BertConfig overrides; a vocab_size left to the vocab file is read off the table.
+    with open(os.path.join(step_dir, "config", "metadata"), encoding="utf-8") as f:
+        experiment = json.load(f)
+    fields = dict(experiment.get("model") or {})
+    preset = fields.pop("preset", None)
+    if preset is None:
+        raise ConversionError(f"{step_dir}/config: no model.preset in the experiment config")
+    known = {f.name for f in dataclasses.fields(BertConfig)}
+    fields = {k: v for k, v in fields.items() if k in known and v is not None}
+    encoder = params.get("bert", params)
+    fields.setdefault("vocab_size", encoder["embeddings"]["word_embeddings"]["embedding"].shape[0])
+    config = BertConfig.from_preset(preset, **fields)
+    vocab_file = (experiment.get("data") or {}).get("vocab_file")
+    if not (vocab_file and vocab_file.endswith(".txt") and os.path.exists(vocab_file)):
+        vocab_file = None
+    return _ours_source(step_dir, config, params, vocab_file)
 
 
 def _tf_prefix(path: str) -> str | None:
@@ -201,14 +276,17 @@ def _tf_prefix(path: str) -> str | None:
 
 
 def detect_format(path: str | os.PathLike) -> str:
-    """'hf', 'tf' or 'orbax' for a checkpoint path; raises ConversionError otherwise."""
+    """'hf', 'tf', 'orbax' (params-only) or 'train_state' for a checkpoint path.
+
+    Raises:
+      ConversionError: when `path` is none of them.
+    """
     path = os.fspath(path)
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, "params", "_CHECKPOINT_METADATA")):
-            # Params-only Orbax (`save_params`). Hook for issue 4: a train-state checkpoint
-            # (a CheckpointManager step directory) is recognised here and its params read
-            # in `_orbax_source`.
-            return "orbax"
+            return "orbax"  # params-only (`save_params`)
+        if _train_state_step(path):
+            return "train_state"  # `bert_jax.checkpointing` (pretraining runs)
         if glob.glob(os.path.join(path, "model.safetensors*")):
             return "hf"
         if os.path.exists(os.path.join(path, "pytorch_model.bin")):
@@ -220,7 +298,8 @@ def detect_format(path: str | os.PathLike) -> str:
         return "tf"
     raise ConversionError(
         f"{path}: not a Hugging Face directory (config.json + model.safetensors), a Google TF "
-        "checkpoint (bert_model.ckpt prefix or its directory) or a params-only Orbax directory"
+        "checkpoint (bert_model.ckpt prefix or its directory), a params-only Orbax directory "
+        "or a pretraining workdir / checkpoint directory"
     )
 
 
@@ -236,8 +315,11 @@ def open_source(path: str | os.PathLike, config_file: str | None = None) -> Sour
         source = _hf_source(path)
     elif fmt == "tf":
         return _tf_source(_tf_prefix(path), config_file)
+    elif fmt == "train_state":
+        source = _train_state_source(_train_state_step(path))
     else:
-        source = _orbax_source(path)
+        config, params, vocab_file = load_params(path)
+        source = _ours_source(path, config, params, vocab_file)
     if config_file:
         source.config = BertConfig.from_json_file(config_file)
     return source

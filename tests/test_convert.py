@@ -6,6 +6,7 @@ checkpoints are written here with `tf.compat.v1.train.Saver` under Google's vari
 which this file spells out on its own (not through `bert_jax.weight_names`).
 """
 
+import functools
 import importlib.util
 import json
 import logging
@@ -504,3 +505,41 @@ def test_cli_converts_a_google_checkpoint_to_hf(tiny_hf, tmp_path):
     )
     result = _cli(f"--input={tmp_path / 'out'}", f"--output={tmp_path / 'out'}")
     assert result.returncode != 0 and "exists" in result.stderr
+
+
+# --- This project's pretraining checkpoints ------------------------------------------------
+
+
+def test_pretraining_checkpoint_exports_to_transformers(tmp_path):
+    """A train-state checkpoint (bert_jax.checkpointing) -> HF directory transformers loads."""
+    import flax.linen as nn
+    import optax
+
+    from bert_jax import checkpointing, train
+
+    config = BertConfig.from_preset("tiny", vocab_size=TINY["vocab_size"], scan_layers=True)
+    model = BertForPreTraining(config)
+    init = functools.partial(train.init_train_state, model, optax.adamw(1e-3))
+    state = jax.jit(init)(train.example_batch(2, 8, 2), jax.random.key(3))  # boxed params
+    experiment = {"model": {"preset": "tiny", "vocab_size": None, "scan_layers": True}}
+    manager = checkpointing.make_manager(tmp_path / "workdir" / "checkpoints", async_save=False)
+    checkpointing.save(manager, 7, state, [{}], experiment)
+    manager.wait_until_finished()
+    expected = jax.tree_util.tree_map(np.asarray, nn.meta.unbox(state.params))
+
+    assert convert.detect_format(tmp_path / "workdir") == "train_state"
+    loaded_config, params, _ = convert.load_pretrained(tmp_path / "workdir")
+    assert loaded_config == config.replace(remat_policy=loaded_config.remat_policy)
+    _array_tree_equal(params, expected)
+
+    out = convert.save_hf(tmp_path / "hf", loaded_config, params)
+    model_t, info = transformers.BertForPreTraining.from_pretrained(
+        out, local_files_only=True, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    np.testing.assert_array_equal(
+        model_t.state_dict()["bert.encoder.layer.1.attention.self.value.weight"].numpy(),
+        expected["bert"]["encoder"]["layers"]["attention"]["value"]["kernel"][1]
+        .reshape(128, 128)
+        .T,
+    )

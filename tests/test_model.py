@@ -171,6 +171,8 @@ def test_scan_equals_loop_for_the_same_weights(remat_policy):
         np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(a.pooled_output, b.pooled_output, atol=1e-5, rtol=1e-5)
 
+    if remat_policy != "none":
+        return  # the heads are not rematerialised; once is enough for them
     la = _apply(BertForPreTraining(loop_cfg), params, ids, mask, types, positions)
     lb = _apply(BertForPreTraining(scan_cfg), scanned, ids, mask, types, positions)
     np.testing.assert_allclose(la.mlm_logits, lb.mlm_logits, atol=1e-5, rtol=1e-5)
