@@ -6,7 +6,9 @@ STAMP := $(VENV)/.installed
 WORKDIR ?= workdirs
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install test test-slow demo lint clean help
+CORPUS := $(WORKDIR)/shakespeare
+
+.PHONY: install test test-slow demo pretrain pretrain-data lint clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -30,9 +32,44 @@ test-slow: $(STAMP)  ## only the slow tier
 demo: $(STAMP)  ## the main job on the embedded default (see README)
 	$(PY) -m experiments.demo --workdir=$(WORKDIR)/demo
 
+# --- the embedded default: BERT-tiny pretrained on Shakespeare, from nothing -------------
+
+$(CORPUS)/corpus.txt: | $(STAMP)
+	$(PY) -m data_pipelines.prepare_corpus --corpus=shakespeare --output_file=$@
+
+# Every 20th document (scene) is held out for evaluation.
+$(CORPUS)/train.txt $(CORPUS)/eval.txt: $(CORPUS)/corpus.txt
+	awk -v RS= -v ORS='\n\n' 'NR % 20 == 0 { print > "$(CORPUS)/eval.txt"; next } { print > "$(CORPUS)/train.txt" }' $<
+
+$(CORPUS)/vocab.txt: $(CORPUS)/train.txt
+	$(PY) -m data_pipelines.build_vocab --input_file=$< --output_file=$@ --vocab_size=8000 --do_lower_case
+
+$(CORPUS)/.train-records: $(CORPUS)/train.txt $(CORPUS)/vocab.txt
+	$(PY) -m data_pipelines.create_pretraining_data --input_file=$< \
+		--output_file=$(CORPUS)/train.tfrecord --num_output_shards=4 \
+		--vocab_file=$(CORPUS)/vocab.txt --do_lower_case --max_seq_length=128 \
+		--max_predictions_per_seq=20 --dupe_factor=5 --random_seed=12345 --num_workers=2
+	touch $@
+
+$(CORPUS)/.eval-records: $(CORPUS)/eval.txt $(CORPUS)/vocab.txt
+	$(PY) -m data_pipelines.create_pretraining_data --input_file=$< \
+		--output_file=$(CORPUS)/eval.tfrecord --num_output_shards=1 \
+		--vocab_file=$(CORPUS)/vocab.txt --do_lower_case --max_seq_length=128 \
+		--max_predictions_per_seq=20 --dupe_factor=1 --random_seed=54321
+	touch $@
+
+pretrain-data: $(CORPUS)/.train-records $(CORPUS)/.eval-records  ## Shakespeare -> vocab -> TFRecords
+
+pretrain: pretrain-data  ## pretrain BERT-tiny on Shakespeare (CPU), from nothing
+	$(PY) -m experiments.pretrain --config=experiments/configs/bert_tiny_cpu.py \
+		--workdir=$(WORKDIR)/tiny $(ARGS)
+	$(PY) -m experiments.plot_metrics $(WORKDIR)/tiny
+
 lint: $(STAMP)  ## ruff check and format check
 	$(PY) -m pip install --quiet ruff
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+-include tpu.mk
 
 clean:  ## remove build outputs and workdirs (not .venv)
 	rm -rf $(WORKDIR) .pytest_cache build *.egg-info

@@ -27,8 +27,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.remat_policy = "none"  # rematerialisation (bert_jax.config.REMAT_POLICIES)
 
     config.data = ml_collections.ConfigDict()
-    config.data.train_files = "workdirs/shakespeare/train-*.tfrecord"  # globs, comma-separated
-    config.data.eval_files = "workdirs/shakespeare/eval-*.tfrecord"  # "" disables evaluation
+    config.data.train_files = "workdirs/shakespeare/train*.tfrecord"  # globs, comma-separated
+    config.data.eval_files = "workdirs/shakespeare/eval*.tfrecord"  # "" disables evaluation
     config.data.vocab_file = "workdirs/shakespeare/vocab.txt"  # vocab.txt or sentencepiece .model
     config.data.do_lower_case = True  # as the vocab was built
     config.data.max_seq_length = 128  # T of the records
