@@ -358,11 +358,17 @@ def _define_flags():
 
 
 def main(argv) -> None:
-    from absl import flags
+    from absl import app, flags
+    from absl import logging as absl_logging
 
-    del argv
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     FLAGS = flags.FLAGS
-    logging.getLogger().setLevel(logging.INFO)
+    # Our progress at INFO; Orbax's per-file INFO lines (absl) only from --verbosity=0 on.
+    if not FLAGS["verbosity"].present:
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    for name in ("bert_jax", __name__):
+        logging.getLogger(name).setLevel(logging.INFO)
     log.info("Reading %s (%s)", FLAGS.input, detect_format(FLAGS.input))
     config, params, vocab_file = load_pretrained(
         FLAGS.input, model="auto", config_file=FLAGS.bert_config_file

@@ -242,10 +242,15 @@ def _define_flags():
 
 def main(argv):
     from absl import app, flags
+    from absl import logging as absl_logging
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.getLogger().setLevel(logging.INFO)
+    # Our progress at INFO; Orbax's per-file INFO lines (absl) only from --verbosity=0 on.
+    if not flags.FLAGS["verbosity"].present:
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    for name in ("bert_jax", "experiments", __name__):
+        logging.getLogger(name).setLevel(logging.INFO)
     f = flags.FLAGS
     run(
         f.input_file,
