@@ -6,12 +6,14 @@ package), with `--max_seq_length=128 --dupe_factor=5`:
 
 * ours with 1 worker and with all cores: instances/s and peak RSS;
 * ours at 1x and 4x the corpus (4 concatenated copies): peak RSS, which must stay flat;
-* the original google-research/bert `create_pretraining_data.py` on the same input, run
+* the original google-research/bert `create_pretraining_data.py` on the same input (and,
+  with `--original_4x`, on the 4x input: its memory grows with the corpus), run
   under TensorFlow 2 through a small TF1-compatibility shim written to a temp dir at run
   time (their code is read from `--original_repo`, never copied here).
 
-Every run is a fresh process, timed from start to exit, so both tools pay their own
-start-up (Python, TensorFlow import). Because that start-up is a fixed cost, each tool is
+Every run is a fresh process, timed from start to exit (wall clock, and CPU time of the
+process tree, which a machine shared with other jobs disturbs less), so both tools pay
+their own start-up (Python, TensorFlow import). Because that start-up is a fixed cost, each tool is
 also run on a tiny two-document input, and the *marginal* rate
 (instances_full - instances_tiny) / (seconds_full - seconds_tiny) is reported beside the
 end-to-end one. Peak RSS is sampled from /proc over the whole process tree (workers
@@ -29,6 +31,7 @@ import argparse
 import importlib.util
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -77,6 +80,8 @@ def _process_table() -> tuple[dict[int, int], dict[int, int]]:
 def run_measured(command: list[str], log_path: str) -> dict[str, float]:
     """Runs a command; returns wall seconds and peak RSS (tree total and largest process)."""
     peak = {"tree_kib": 0, "process_kib": 0}
+    # CPU time of the whole tree: the child's, and its workers' once the child waits them.
+    usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     with open(log_path, "w") as log:
         process = subprocess.Popen(
@@ -102,12 +107,17 @@ def run_measured(command: list[str], log_path: str) -> dict[str, float]:
         done.set()
         sampler.join()
     seconds = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = (usage.ru_utime - usage_before.ru_utime) + (
+        usage.ru_stime - usage_before.ru_stime
+    )
     if returncode != 0:
         with open(log_path) as f:
             tail = f.read()[-3000:]
         raise RuntimeError(f"{command[:4]} failed ({returncode}); log {log_path}:\n{tail}")
     return {
         "seconds": round(seconds, 2),
+        "cpu_seconds": round(cpu_seconds, 2),
         "peak_rss_mib": round(peak["tree_kib"] / 1024, 1),
         "peak_rss_largest_process_mib": round(peak["process_kib"] / 1024, 1),
     }
@@ -152,7 +162,7 @@ def run_ours(args, input_file: str, name: str, workers: int) -> dict:
     with open(output + ".stats.json") as f:
         stats = json.load(f)
     result["instances"] = stats["instances"]
-    result["instances_per_second"] = round(stats["instances"] / result["seconds"], 1)
+    _add_rates(result)
     result["stats"] = stats
     return result
 
@@ -165,12 +175,18 @@ def run_original(args, input_file: str, name: str) -> dict:
     command = [sys.executable, shim, args.original_repo, *common_flags(args, input_file, output)]
     result = run_measured(command, os.path.join(args.workdir, f"{name}.log"))
     result["instances"] = count_records([output])
-    result["instances_per_second"] = round(result["instances"] / result["seconds"], 1)
+    _add_rates(result)
     return result
 
 
-def marginal_rate(full: dict, tiny: dict) -> float:
-    return round((full["instances"] - tiny["instances"]) / (full["seconds"] - tiny["seconds"]), 1)
+def _add_rates(result: dict) -> None:
+    result["instances_per_second"] = round(result["instances"] / result["seconds"], 1)
+    result["instances_per_cpu_second"] = round(result["instances"] / result["cpu_seconds"], 1)
+
+
+def marginal_rate(full: dict, tiny: dict, key: str = "seconds") -> float:
+    """Instances per (CPU) second beyond the fixed start-up cost measured on the tiny input."""
+    return round((full["instances"] - tiny["instances"]) / (full[key] - tiny[key]), 1)
 
 
 def prepare_inputs(args) -> tuple[str, str, str]:
@@ -223,6 +239,9 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=os.cpu_count() or 1, help="worker count of the all-cores run"
     )
+    parser.add_argument(
+        "--original_4x", action="store_true", help="also run the original on the 4x corpus (slow)"
+    )
     parser.add_argument("--output_json", default="")
     args = parser.parse_args()
     args.vocab_file = args.vocab_file or default_vocab()
@@ -239,6 +258,10 @@ def main() -> None:
     }
     runs = [
         ("ours_tiny", lambda: run_ours(args, tiny, "ours_tiny", 1)),
+        (
+            f"ours_tiny_{args.workers}_workers",
+            lambda: run_ours(args, tiny, f"ours_tiny_{args.workers}_workers", args.workers),
+        ),
         ("ours_1_worker", lambda: run_ours(args, corpus, "ours_1_worker", 1)),
         (
             f"ours_{args.workers}_workers",
@@ -251,6 +274,8 @@ def main() -> None:
             ("original_tiny", lambda: run_original(args, tiny, "original_tiny")),
             ("original", lambda: run_original(args, corpus, "original")),
         ]
+        if args.original_4x:
+            runs.append(("original_4x", lambda: run_original(args, quadruple, "original_4x")))
     for name, run in runs:
         print(f"running {name} ...", flush=True)
         results[name] = run()
@@ -264,7 +289,11 @@ def main() -> None:
         "ours_all_cores_instances_per_second": all_cores["instances_per_second"],
         "ours_1_worker_marginal_instances_per_second": marginal_rate(one, results["ours_tiny"]),
         "ours_all_cores_marginal_instances_per_second": marginal_rate(
-            all_cores, results["ours_tiny"]
+            all_cores, results[f"ours_tiny_{args.workers}_workers"]
+        ),
+        "ours_1_worker_instances_per_cpu_second": one["instances_per_cpu_second"],
+        "ours_1_worker_marginal_instances_per_cpu_second": marginal_rate(
+            one, results["ours_tiny"], "cpu_seconds"
         ),
         "peak_rss_mib_1x": one["peak_rss_mib"],
         "peak_rss_mib_4x": results["ours_1_worker_4x"]["peak_rss_mib"],
@@ -279,7 +308,13 @@ def main() -> None:
         summary["original_marginal_instances_per_second"] = marginal_rate(
             original, results["original_tiny"]
         )
+        summary["original_instances_per_cpu_second"] = original["instances_per_cpu_second"]
+        summary["original_marginal_instances_per_cpu_second"] = marginal_rate(
+            original, results["original_tiny"], "cpu_seconds"
+        )
         summary["original_peak_rss_mib"] = original["peak_rss_mib"]
+        if "original_4x" in results:
+            summary["original_peak_rss_mib_4x"] = results["original_4x"]["peak_rss_mib"]
         for label, ours, theirs in [
             ("1_worker", "ours_1_worker_instances_per_second", "original_instances_per_second"),
             ("all_cores", "ours_all_cores_instances_per_second", "original_instances_per_second"),
@@ -292,6 +327,16 @@ def main() -> None:
                 "marginal_all_cores",
                 "ours_all_cores_marginal_instances_per_second",
                 "original_marginal_instances_per_second",
+            ),
+            (
+                "per_cpu_second",
+                "ours_1_worker_instances_per_cpu_second",
+                "original_instances_per_cpu_second",
+            ),
+            (
+                "marginal_per_cpu_second",
+                "ours_1_worker_marginal_instances_per_cpu_second",
+                "original_marginal_instances_per_cpu_second",
             ),
         ]:
             summary[f"speedup_{label}"] = round(summary[ours] / summary[theirs], 1)

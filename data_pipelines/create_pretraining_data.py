@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-# No TensorFlow at import time: worker processes import this module and never need it.
+# TensorFlow is imported only when work starts (`--help` stays fast).
 from data_pipelines import corpora, instances, pretraining_records
 
 log = logging.getLogger(__name__)
@@ -158,26 +158,41 @@ def iter_chunks(
 
 
 # ----------------------------------------------------------------------------------------
-# One chunk, in two stages: instances (worker processes, no TensorFlow), then masking and
-# serialisation (main process, `pretraining_records`).
+# One chunk: tokenize, pair, mask, serialise. Each worker process (or the main process,
+# with one worker) does all of it, so every stage runs in parallel and the main process
+# only writes.
 
 
 @dataclasses.dataclass
-class ChunkInstances:
-    """The instances of one chunk, padded, with their counts."""
+class ChunkRecords:
+    """The serialised records of one chunk, in order, with their counts."""
 
     index: int
-    batch: instances.InstanceBatch
+    records: list[bytes]
     stats: instances.InstanceStats
+    masking_counts: collections.Counter
 
 
-class InstanceBuilder:
-    """Sentence splitting, tokenization and pairing of chunks (picklable to workers)."""
+class ChunkProcessor:
+    """Sentence splitting, tokenization, pairing, masking and serialisation of chunks.
+
+    Args:
+        options: the run's options.
+        tokenizer: from `data_pipelines.tokenization.load_tokenizer`.
+    """
 
     def __init__(self, options: Options, tokenizer: Any):
         self.options = options
         self.tokenizer = tokenizer
         self._tokenize = instances.DocumentTokenizer(tokenizer)
+        self._encode = pretraining_records.RecordEncoder(
+            tokenizer,
+            random_seed=options.random_seed,
+            static_masking=options.masking == "static",
+            max_predictions_per_seq=options.max_predictions_per_seq,
+            masked_lm_prob=options.masked_lm_prob,
+            whole_word=options.do_whole_word_mask,
+        )
         self._splitter: Any = None
 
     def _split(self, documents: list[corpora.Document]) -> list[corpora.Document]:
@@ -189,7 +204,7 @@ class InstanceBuilder:
             corpora.split_document(d, self._splitter) if d.needs_split else d for d in documents
         ]
 
-    def __call__(self, index: int, documents: list[corpora.Document]) -> ChunkInstances:
+    def __call__(self, index: int, documents: list[corpora.Document]) -> ChunkRecords:
         options = self.options
         stats = instances.InstanceStats()
         chunk = self._tokenize(self._split(documents), stats, options.max_seq_length - 3)
@@ -213,45 +228,51 @@ class InstanceBuilder:
             cls_id=self.tokenizer.cls_id,
             sep_id=self.tokenizer.sep_id,
         )
-        return ChunkInstances(index, batch, stats)
+        counts: collections.Counter = collections.Counter()
+        return ChunkRecords(index, list(self._encode(batch, index, counts)), stats, counts)
 
 
-# The builder of a worker process, made once by the pool initializer (the standard
+# The processor of a worker process, made once by the pool initializer (the standard
 # multiprocessing pattern: the tokenizer is not sent again with every task).
-_worker_builder: InstanceBuilder | None = None
+_worker_processor: ChunkProcessor | None = None
 
 
 def _init_worker(options: Options, tokenizer: Any) -> None:
-    global _worker_builder
+    global _worker_processor
     # One core per worker: the workers are the parallelism.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker_builder = InstanceBuilder(options, tokenizer)
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    _worker_processor = ChunkProcessor(options, tokenizer)
 
 
-def _build_in_worker(index: int, documents: list[corpora.Document]) -> ChunkInstances:
-    assert _worker_builder is not None, "worker not initialised"
-    return _worker_builder(index, documents)
+def _process_in_worker(index: int, documents: list[corpora.Document]) -> ChunkRecords:
+    assert _worker_processor is not None, "worker not initialised"
+    return _worker_processor(index, documents)
 
 
 # ----------------------------------------------------------------------------------------
 # The whole run.
 
 
-def _iter_chunk_instances(
-    options: Options, chunks: Iterable[list[corpora.Document]], builder: InstanceBuilder
-) -> Iterator[ChunkInstances]:
-    """Chunk instances in chunk order, built here or by a bounded pool of workers."""
+def _iter_chunk_records(
+    options: Options, chunks: Iterable[list[corpora.Document]], tokenizer: Any
+) -> Iterator[ChunkRecords]:
+    """Chunk records in chunk order, made here or by a bounded pool of workers."""
     if options.num_workers == 1:
+        processor = ChunkProcessor(options, tokenizer)
         for index, chunk in enumerate(chunks):
-            yield builder(index, chunk)
+            yield processor(index, chunk)
         return
-    # spawn, not fork: the Rust tokenizer's threads do not survive fork.
+    # spawn, not fork: TensorFlow's and the Rust tokenizer's threads do not survive fork.
     context = multiprocessing.get_context("spawn")
-    with context.Pool(options.num_workers, _init_worker, (options, builder.tokenizer)) as pool:
+    with context.Pool(options.num_workers, _init_worker, (options, tokenizer)) as pool:
         pending: collections.deque = collections.deque()
         # At most two chunks in flight per worker, so memory stays bounded.
         for index, chunk in enumerate(chunks):
-            pending.append(pool.apply_async(_build_in_worker, (index, chunk)))
+            pending.append(pool.apply_async(_process_in_worker, (index, chunk)))
             while len(pending) > 2 * options.num_workers:
                 yield pending.popleft().get()
         while pending:
@@ -281,17 +302,9 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
     started = time.perf_counter()
     # Fails early on a bad vocabulary (before any output is opened or input read).
     tokenizer = tokenization.load_tokenizer(options.vocab_file, do_lower_case=options.do_lower_case)
-    builder = InstanceBuilder(options, tokenizer)
-    encoder = pretraining_records.RecordEncoder(
-        tokenizer,
-        random_seed=options.random_seed,
-        static_masking=options.masking == "static",
-        max_predictions_per_seq=options.max_predictions_per_seq,
-        masked_lm_prob=options.masked_lm_prob,
-        whole_word=options.do_whole_word_mask,
-    )
     read_stats = corpora.ReadStats()
     totals = instances.InstanceStats()
+    masking_counts: collections.Counter = collections.Counter()
     chunks_done = 0
     with tfrecords.TFRecordShardWriter(options.output_file, options.num_output_shards) as writer:
         stats_path = writer.paths[0] + ".stats.json"
@@ -301,10 +314,11 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
         progress = tqdm(
             desc="create_pretraining_data", unit="doc", disable=not options.show_progress
         )
-        for chunk in _iter_chunk_instances(options, chunks, builder):
-            for record in encoder(chunk.batch, chunk.index):
+        for chunk in _iter_chunk_records(options, chunks, tokenizer):
+            for record in chunk.records:
                 writer.write(record)
             totals.merge(chunk.stats)
+            masking_counts.update(chunk.masking_counts)
             chunks_done += 1
             progress.update(chunk.stats.documents + chunk.stats.empty_documents)
             progress.set_postfix(instances=totals.instances)
@@ -312,7 +326,7 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
         if chunks_done == 0:
             raise ValueError(f"no documents in the input {options.input_file or options.corpus}")
     seconds = time.perf_counter() - started
-    stats = _stats_dict(options, writer, read_stats, totals, encoder.counts, chunks_done, seconds)
+    stats = _stats_dict(options, writer, read_stats, totals, masking_counts, chunks_done, seconds)
     _write_json_atomically(stats_path, stats)
     log.info("wrote %d instances to %s in %.1f s", totals.instances, writer.paths, seconds)
     return stats

@@ -54,11 +54,21 @@ class RecordEncoder:
         self.max_predictions_per_seq = max_predictions_per_seq
         self.masked_lm_prob = masked_lm_prob
         self.whole_word = whole_word
-        # eligible_tokens, masked_tokens, mask_token, random_token, unchanged.
-        self.counts: collections.Counter[str] = collections.Counter()
 
-    def __call__(self, batch: instances.InstanceBatch, chunk_index: int) -> Iterator[bytes]:
-        """The records of one chunk's instances, in order."""
+    def __call__(
+        self,
+        batch: instances.InstanceBatch,
+        chunk_index: int,
+        counts: collections.Counter,
+    ) -> Iterator[bytes]:
+        """The records of one chunk's instances, in order.
+
+        Args:
+            batch: the chunk's instances.
+            chunk_index: seeds the masks, with the random seed and the batch index.
+            counts: gets eligible_tokens, masked_tokens, mask_token, random_token and
+                unchanged added (static mode).
+        """
         for batch_index, start in enumerate(range(0, len(batch), MASK_BATCH)):
             rows = slice(start, start + MASK_BATCH)
             part = instances.InstanceBatch(
@@ -69,12 +79,16 @@ class RecordEncoder:
                 batch.next_sentence_labels[rows],
             )
             if self.static_masking:
-                yield from self._masked_records(part, chunk_index, batch_index)
+                yield from self._masked_records(part, chunk_index, batch_index, counts)
             else:
                 yield from self._unmasked_records(part)
 
     def _masked_records(
-        self, batch: instances.InstanceBatch, chunk_index: int, batch_index: int
+        self,
+        batch: instances.InstanceBatch,
+        chunk_index: int,
+        batch_index: int,
+        counts: collections.Counter,
     ) -> list[bytes]:
         tokenizer = self.tokenizer
         masked = self._masking.mask_batch(
@@ -93,7 +107,7 @@ class RecordEncoder:
         positions = masked["masked_lm_positions"].numpy()  # (N, P)
         labels = masked["masked_lm_ids"].numpy()  # (N, P)
         weights = masked["masked_lm_weights"].numpy()  # (N, P)
-        _count_masking(batch, input_ids, positions, labels, weights, tokenizer.mask_id, self.counts)
+        _count_masking(batch, input_ids, positions, labels, weights, tokenizer.mask_id, counts)
         return example_encoder.encode_examples(
             {
                 "input_ids": input_ids,
