@@ -1,0 +1,220 @@
+"""What the fine-tuning scripts share: a pretrained encoder under a fresh head, the
+optimizer of the original recipe, the sharded train state, batching, result files.
+
+Each script (`experiments/finetune_*.py`) keeps its own loss, train step and evaluation
+loop; only the plumbing below is common.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax import convert, optim, sharding
+from bert_jax.config import BertConfig
+
+log = logging.getLogger(__name__)
+
+
+class FinetuneState(flax.struct.PyTreeNode):
+    step: jax.Array  # optimizer updates taken
+    params: Any
+    opt_state: Any
+
+
+def load_model(
+    module: nn.Module,
+    init_from: str,
+    *,
+    from_scratch: bool = False,
+    bert_config_file: str | None = None,
+    seed: int = 0,
+    **config_overrides: Any,
+) -> tuple[nn.Module, BertConfig, Any, str | None]:
+    """A head model whose encoder comes from `init_from`, its head freshly initialised.
+
+    Args:
+        module: a `bert_jax.heads` model (encoder named `bert`); its config is replaced by
+            the checkpoint's.
+        init_from: this project's pretraining workdir / checkpoint dir, a params-only Orbax
+            dir, a Google TF checkpoint or a Hugging Face directory (`bert_jax.convert`).
+        from_scratch: keep only the checkpoint's config and vocab; initialise every weight
+            randomly (the baseline a pretrained encoder is compared with).
+        bert_config_file: a config that replaces the one found beside the checkpoint.
+        seed: seeds the head's (or, from scratch, every) initialisation.
+        **config_overrides: BertConfig fields to change that do not alter the weights'
+            shapes (e.g. hidden_dropout_prob).
+
+    Returns:
+        (module with the final config, config, params as numpy/jax arrays, vocab file or None).
+    """
+    rng = jax.random.key(seed)
+    config, params, vocab_file = convert.load_pretrained(
+        init_from, model=module, rng=rng, config_file=bert_config_file
+    )
+    config = config.replace(**config_overrides)
+    module = module.clone(config=config)
+    if from_scratch:
+        del params
+        ids = jnp.zeros((1, 2), jnp.int32)
+        params = jax.jit(lambda r: nn.unbox(module.init(r, ids, ids, ids)["params"]))(rng)
+        log.info("Initialised every weight from scratch (config and vocab from %s)", init_from)
+    else:
+        log.info("Encoder from %s; head initialised fresh", init_from)
+    return module, config, params, vocab_file
+
+
+def make_optimizer(
+    learning_rate: float,
+    num_train_steps: int,
+    *,
+    warmup_proportion: float = 0.1,
+    weight_decay: float = 0.01,
+    max_grad_norm: float = 1.0,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The original fine-tuning optimizer: clip, BERT AdamW, linear warmup then linear decay."""
+    warmup = int(num_train_steps * warmup_proportion)
+    schedule = optim.warmup_polynomial_decay(learning_rate, warmup, num_train_steps)
+    tx = optim.bert_adamw(schedule, weight_decay)
+    if max_grad_norm:
+        tx = optax.chain(optax.clip_by_global_norm(max_grad_norm), tx)
+    return tx, schedule
+
+
+def create_state(
+    module: nn.Module, params: Any, tx: optax.GradientTransformation, mesh, sample_inputs
+) -> tuple[FinetuneState, Any]:
+    """(sharded state with `params` and fresh optimizer moments, the state's shardings)."""
+
+    def boxed_state(rng):
+        boxed = module.init(rng, *sample_inputs)["params"]
+        return FinetuneState(jnp.zeros((), jnp.int32), boxed, tx.init(boxed))
+
+    abstract = jax.eval_shape(boxed_state, jax.random.key(0))
+    shardings = nn.unbox(sharding.shardings_of(abstract, mesh))
+    expected = jax.tree.structure(nn.unbox(abstract.params))
+    if jax.tree.structure(params) != expected:
+        raise ValueError(
+            "restored params do not have the model's structure: "
+            f"{jax.tree.structure(params)} vs {expected}"
+        )
+    params = jax.device_put(params, shardings.params)
+    init = jax.jit(
+        lambda p: FinetuneState(jnp.zeros((), jnp.int32), p, tx.init(p)),
+        out_shardings=shardings,
+        donate_argnums=0,
+    )
+    return init(params), shardings
+
+
+def replicated(mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def data_parallel_size(mesh) -> int:
+    """How many ways a batch is split (the `data` x `fsdp` axes)."""
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def check_batch_size(batch_size: int, mesh, name: str) -> None:
+    if batch_size % data_parallel_size(mesh):
+        raise ValueError(
+            f"{name}={batch_size} does not divide over the {data_parallel_size(mesh)} "
+            "data-parallel devices of the mesh"
+        )
+
+
+def train_batches(
+    lengths: np.ndarray, batch_size: int, seed: int, epoch: int, *, group: int = 50
+) -> list[np.ndarray]:
+    """Index batches of one epoch: shuffled, each holding examples of similar length.
+
+    The epoch's permutation (from `seed` and `epoch`) is cut into runs of `group` batches,
+    each run is sorted by length and split into batches, and the batches are shuffled: so
+    padding to each batch's longest example (`pad_length`) wastes little compute, while the
+    batches still mix the data. The last partial batch is dropped, as in the original.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths))
+    order = order[: len(order) // batch_size * batch_size]
+    run = batch_size * group
+    runs = [order[i : i + run] for i in range(0, len(order), run)]
+    order = np.concatenate([r[np.argsort(lengths[r], kind="stable")] for r in runs] or [order])
+    batches = order.reshape(-1, batch_size)
+    return list(batches[rng.permutation(len(batches))])
+
+
+def steps_per_epoch(num_examples: int, batch_size: int) -> int:
+    return num_examples // batch_size
+
+
+def eval_batches(lengths: np.ndarray, batch_size: int) -> Iterator[tuple[np.ndarray, int]]:
+    """(indices, number of real rows) over every example, shortest first.
+
+    A short last batch is filled up with its last index repeated; callers keep the first
+    `real` rows and put results back by index.
+    """
+    order = np.argsort(lengths, kind="stable")
+    for start in range(0, len(order), batch_size):
+        indices = order[start : start + batch_size]
+        real = len(indices)
+        if real < batch_size:
+            indices = np.concatenate([indices, np.full(batch_size - real, indices[-1])])
+        yield indices, real
+
+
+def num_batches(num_examples: int, batch_size: int) -> int:
+    return math.ceil(num_examples / batch_size)
+
+
+def pad_length(lengths: np.ndarray, max_length: int, multiple: int = 16) -> int:
+    """The longest of `lengths` rounded up to `multiple` (few distinct shapes to compile)."""
+    return min(max_length, int(math.ceil(max(int(lengths.max()), 1) / multiple) * multiple))
+
+
+def take(arrays: dict[str, np.ndarray], indices: np.ndarray, length: int | None = None):
+    """Rows `indices` of every array; (N, T) arrays are cut to their first `length` columns.
+
+    Cutting only drops padding (attention never reads masked positions), so the outputs on
+    real tokens are those of the full-length batch.
+    """
+    out = {}
+    for key, value in arrays.items():
+        rows = value[indices]
+        out[key] = rows[:, :length] if length is not None and rows.ndim == 2 else rows
+    return out
+
+
+def write_json(path: str, data: Any) -> None:
+    """Writes JSON through a temporary file, so a half-written file never looks complete."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True, ensure_ascii=False, default=_jsonable)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _jsonable(value):
+    if isinstance(value, np.generic | np.ndarray | jax.Array):
+        return np.asarray(value).tolist()
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def check_finite(loss: float, step: int) -> None:
+    if not np.isfinite(loss):
+        raise FloatingPointError(f"non-finite loss {loss} at step {step}")

@@ -1,0 +1,271 @@
+r"""Fine-tunes a pretrained BERT on sentence (pair) classification or regression.
+
+  python -m experiments.finetune_classification \
+      --config=experiments/configs/finetune_minilm_polarity.py --workdir=workdirs/polarity \
+      [--config.init_from=PATH --config.learning_rate=3e-5 ...]
+
+  python -m experiments.finetune_classification --config=experiments/configs/finetune_glue.py:mrpc \
+      --config.data_dir=glue_data/MRPC --config.init_from=uncased_L-12_H-768_A-12 --workdir=...
+
+The encoder comes from `config.init_from` (a pretraining workdir or checkpoint dir of this
+project, a params-only Orbax dir, a Google TF checkpoint or a Hugging Face directory); the
+classifier on the pooled [CLS] is new. All weights are trained with the original recipe
+(BERT AdamW, linear warmup over `warmup_proportion`, linear decay to 0, batch 32).
+After every epoch the dev split(s) are scored with the task's metrics; at the end the
+test split is scored (when labeled) or written as a GLUE submission TSV.
+
+Writes to --workdir: `metrics.json` (per-epoch dev metrics, final test metrics, counts of
+truncated examples, wall time), `train_log.jsonl` (loss and learning rate every
+`log_every` steps), `predictions_<split>.tsv` and `submission/<GLUE file>.tsv`.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import app, flags, logging
+from ml_collections import config_flags
+from tqdm import tqdm
+
+from bert_jax import eval_metrics, sharding
+from bert_jax import finetune_common as common
+from bert_jax.config import BertConfig
+from bert_jax.heads import BertForSequenceClassification
+from data_pipelines.tasks import glue
+from data_pipelines.tasks.classification_features import SentenceFeatures, encode_sentences
+from data_pipelines.tasks.sentence_tasks import SentenceTask, load_sentence_task
+from data_pipelines.tokenization import load_tokenizer
+
+INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
+
+
+def loss_fn(logits: jax.Array, labels: jax.Array, regression: bool) -> jax.Array:
+    """Mean cross-entropy over the batch, or mean squared error for regression."""
+    if regression:
+        return jnp.mean((logits[:, 0] - labels) ** 2)
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+
+
+def train_step(state: common.FinetuneState, batch, rng, *, model, tx, schedule, regression):
+    """(state, batch, rng) -> (state, metrics): one AdamW update on the whole model."""
+    dropout_rng = jax.random.fold_in(rng, state.step)
+
+    def compute_loss(params):
+        logits = model.apply(
+            {"params": params},
+            *(batch[k] for k in INPUT_KEYS),
+            deterministic=False,
+            rngs={"dropout": dropout_rng},
+        )  # (B, C)
+        return loss_fn(logits.astype(jnp.float32), batch["labels"], regression)
+
+    loss, grads = jax.value_and_grad(compute_loss)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "learning_rate": schedule(state.step)}
+    return common.FinetuneState(state.step + 1, params, opt_state), metrics
+
+
+def predict_step(params, batch, *, model):
+    return model.apply({"params": params}, *(batch[k] for k in INPUT_KEYS)).astype(jnp.float32)
+
+
+def predict(predict_fn, params, features: SentenceFeatures, batch_size: int, mesh, desc: str):
+    """(N, C) logits for every example, in order (batched by length, padding cut)."""
+    arrays = {"input_ids": features.input_ids, "input_mask": features.input_mask,
+              "segment_ids": features.segment_ids}  # fmt: skip
+    lengths = features.input_mask.sum(1)
+    max_length = features.input_ids.shape[1]
+    out = None
+    batches = common.eval_batches(lengths, batch_size)
+    total = common.num_batches(len(features), batch_size)
+    for indices, real in tqdm(batches, total=total, desc=desc, leave=False):
+        batch = common.take(arrays, indices, common.pad_length(lengths[indices], max_length))
+        logits = np.asarray(predict_fn(params, sharding.global_batch(batch, mesh)))
+        if out is None:
+            out = np.zeros((len(features), logits.shape[-1]), np.float32)
+        out[indices[:real]] = logits[:real]
+    return out
+
+
+def score(task: SentenceTask, labels: np.ndarray, logits: np.ndarray):
+    """(metrics, predictions): class ids (argmax) or regression values."""
+    predictions = logits[:, 0] if task.labels is None else logits.argmax(-1)
+    return eval_metrics.classification_metrics(task.metrics, labels, predictions), predictions
+
+
+def write_predictions(path, task, examples, logits, predictions) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+        if task.labels is None:
+            writer.writerow(["guid", "label", "prediction"])
+            for example, value in zip(examples, predictions, strict=True):
+                writer.writerow([example.guid, example.label, f"{value:.6f}"])
+        else:
+            probs = np.asarray(jax.nn.softmax(logits, axis=-1))
+            writer.writerow(["guid", "label", "prediction", *(f"p_{n}" for n in task.labels)])
+            for example, pred, p in zip(examples, predictions, probs, strict=True):
+                label = "" if example.label is None else example.label
+                writer.writerow([example.guid, label, task.labels[pred], *(f"{x:.6f}" for x in p)])
+    os.replace(tmp, path)
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Runs the whole fine-tuning described by `config`; returns what metrics.json holds."""
+    start_time = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    task = load_sentence_task(
+        config.task, config.data_dir or None, source=config.data_source,
+        skip_malformed=config.skip_malformed,
+    )  # fmt: skip
+    if config.max_train_examples:
+        task.splits["train"] = task.splits["train"][: config.max_train_examples]
+    num_outputs = 1 if task.labels is None else len(task.labels)
+    overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
+    model, bert_config, params, vocab_file = common.load_model(
+        BertForSequenceClassification(BertConfig(), num_outputs),
+        config.init_from,
+        from_scratch=config.from_scratch,
+        bert_config_file=config.bert_config_file or None,
+        seed=config.seed,
+        **overrides,
+    )
+    vocab_file = config.vocab_file or vocab_file
+    if not vocab_file:
+        raise ValueError(f"no vocab.txt beside {config.init_from}; set --config.vocab_file")
+    tokenizer = load_tokenizer(vocab_file, do_lower_case=config.do_lower_case)
+    if tokenizer.vocab_size > bert_config.vocab_size:
+        raise ValueError(f"{vocab_file} has {tokenizer.vocab_size} tokens > the model's "
+                         f"vocab_size {bert_config.vocab_size}")  # fmt: skip
+
+    features = {
+        split: encode_sentences(
+            examples, tokenizer, config.max_seq_length, task.labels, name=f"{task.name} {split}"
+        )  # fmt: skip
+        for split, examples in task.splits.items()
+    }
+    train = features["train"]
+    if train.labels is None:
+        raise ValueError(f"{task.name} train split has no labels")
+
+    mesh = sharding.create_mesh(config.mesh_shape)
+    common.check_batch_size(config.train_batch_size, mesh, "train_batch_size")
+    common.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
+    steps_per_epoch = common.steps_per_epoch(len(train), config.train_batch_size)
+    if steps_per_epoch == 0:
+        raise ValueError(f"{len(train)} training examples < train_batch_size")
+    num_steps = steps_per_epoch * config.num_epochs
+    tx, schedule = common.make_optimizer(
+        config.learning_rate, num_steps, warmup_proportion=config.warmup_proportion,
+        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+    )  # fmt: skip
+    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
+    state, shardings = common.create_state(model, params, tx, mesh, sample)
+    del params
+
+    batch_sharding = sharding.batch_sharding(mesh)
+    regression = task.labels is None
+    train_keys = (*INPUT_KEYS, "labels")
+    step_fn = jax.jit(
+        functools.partial(train_step, model=model, tx=tx, schedule=schedule, regression=regression),
+        in_shardings=(shardings, {k: batch_sharding for k in train_keys}, common.replicated(mesh)),
+        out_shardings=(shardings, common.replicated(mesh)),
+        donate_argnums=0,
+    )
+    predict_fn = jax.jit(
+        functools.partial(predict_step, model=model),
+        in_shardings=(shardings.params, {k: batch_sharding for k in INPUT_KEYS}),
+        out_shardings=common.replicated(mesh),
+    )
+    train_arrays = {"input_ids": train.input_ids, "input_mask": train.input_mask,
+                    "segment_ids": train.segment_ids, "labels": train.labels}  # fmt: skip
+    train_lengths = train.input_mask.sum(1)
+
+    results = {
+        "task": task.name,
+        "init_from": config.init_from,
+        "from_scratch": config.from_scratch,
+        "num_examples": {s: len(f) for s, f in features.items()},
+        "num_truncated": {s: f.num_truncated for s, f in features.items()},
+        "max_seq_length": config.max_seq_length,
+        "num_train_steps": num_steps,
+        "epochs": [],
+    }
+    logging.info("%s: %d train examples, %d steps of %d; model %s", task.name, len(train),
+                 num_steps, config.train_batch_size, bert_config)  # fmt: skip
+    rng = jax.random.key(config.seed)
+    log_path = os.path.join(workdir, "train_log.jsonl")
+    with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
+        for epoch in range(1, config.num_epochs + 1):
+            batches = common.train_batches(
+                train_lengths, config.train_batch_size, config.seed, epoch
+            )
+            losses = []
+            progress = tqdm(batches, desc=f"epoch {epoch}/{config.num_epochs}")
+            for indices in progress:
+                length = common.pad_length(train_lengths[indices], config.max_seq_length)
+                batch = sharding.global_batch(common.take(train_arrays, indices, length), mesh)
+                state, metrics = step_fn(state, batch, rng)
+                losses.append(metrics["loss"])
+                step = int(state.step)
+                if step % config.log_every == 0 or step == num_steps:
+                    window = float(np.mean(jax.device_get(losses[-config.log_every :])))
+                    common.check_finite(window, step)
+                    record = {"step": step, "epoch": step / steps_per_epoch, "loss": window,
+                              "learning_rate": float(metrics["learning_rate"])}  # fmt: skip
+                    log_file.write(json.dumps(record) + "\n")
+                    log_file.flush()
+                    progress.set_postfix(loss=f"{window:.4f}")
+            epoch_result = {"epoch": epoch, "train_loss": float(np.mean(jax.device_get(losses)))}
+            for split in task.eval_splits:
+                logits = predict(predict_fn, state.params, features[split],
+                                 config.eval_batch_size, mesh, f"eval {split}")  # fmt: skip
+                epoch_result[split], _ = score(task, features[split].labels, logits)
+            logging.info("epoch %d: %s", epoch, epoch_result)
+            results["epochs"].append(epoch_result)
+            common.write_json(os.path.join(workdir, "metrics.json"), results)
+
+        for split in (*task.eval_splits, *task.test_splits):
+            examples, split_features = task.splits[split], features[split]
+            logits = predict(predict_fn, state.params, split_features, config.eval_batch_size,
+                             mesh, f"predict {split}")  # fmt: skip
+            if split_features.labels is not None:
+                metrics, predictions = score(task, split_features.labels, logits)
+                if split in task.test_splits:
+                    results.setdefault("test", {})[split] = metrics
+            else:
+                predictions = logits[:, 0] if regression else logits.argmax(-1)
+            write_predictions(os.path.join(workdir, f"predictions_{split}.tsv"), task, examples,
+                              logits, predictions)  # fmt: skip
+            if split_features.labels is None and split in task.submission_files:
+                os.makedirs(os.path.join(workdir, "submission"), exist_ok=True)
+                path = os.path.join(workdir, "submission", task.submission_files[split])
+                glue.write_submission(path, task.glue_task, [e.guid for e in examples], predictions)
+                logging.info("wrote %s", path)
+    results["wall_time_s"] = time.time() - start_time
+    common.write_json(os.path.join(workdir, "metrics.json"), results)
+    logging.info("final: %s", {k: results.get(k) for k in ("epochs", "test", "wall_time_s")})
+    return results
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    finetune(flags.FLAGS.config, flags.FLAGS.workdir)
+
+
+if __name__ == "__main__":
+    config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.", lock_config=True)
+    flags.DEFINE_string("workdir", None, "Where metrics.json and predictions are written.")
+    flags.mark_flags_as_required(["config", "workdir"])
+    app.run(main)

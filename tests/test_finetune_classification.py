@@ -1,0 +1,191 @@
+"""Sentence classification fine-tuning: restoring, the train step, batching, the whole script.
+
+Runs on 8 fake CPU devices with a 2-layer H=32 BERT (tests/finetune_fixtures.py) and the
+GLUE fixtures in tests/fixtures/tasks/glue/.
+"""
+
+import csv
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from finetune_fixtures import TINY, minilm_vocab, pretrained_params, write_all
+
+from bert_jax import finetune_common as common
+from bert_jax import sharding
+from bert_jax.config import BertConfig
+from bert_jax.heads import BertForSequenceClassification
+from experiments import finetune_classification as ftc
+from experiments.configs import finetune_glue
+
+GLUE_DIR = Path(__file__).parent / "fixtures" / "tasks" / "glue"
+REPO = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def reference_params():
+    return pretrained_params(seed=1)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, reference_params):
+    return write_all(tmp_path_factory.mktemp("ckpt"), reference_params)
+
+
+def _equal_trees(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("kind", ["hf", "tf", "orbax", "train_state"])
+def test_encoder_restores_from_every_checkpoint_kind_under_a_fresh_head(
+    kind, checkpoints, reference_params
+):
+    module, config, params, vocab = common.load_model(
+        BertForSequenceClassification(BertConfig(), 3), str(checkpoints[kind])
+    )
+    assert config.hidden_size == TINY.hidden_size and module.config == config
+    assert Path(vocab).read_text() == Path(minilm_vocab()).read_text()
+    _equal_trees(params["bert"], reference_params["bert"])  # encoder + pooler, bit for bit
+    assert set(params) == {"bert", "classifier"}
+    assert params["classifier"]["kernel"].shape == (TINY.hidden_size, 3)
+    assert np.std(np.asarray(params["classifier"]["kernel"])) > 0
+
+
+def test_from_scratch_keeps_the_architecture_but_not_the_weights(checkpoints, reference_params):
+    _, config, params, _ = common.load_model(
+        BertForSequenceClassification(BertConfig(), 2), str(checkpoints["hf"]), from_scratch=True
+    )
+    assert config.num_hidden_layers == TINY.num_hidden_layers
+    word = np.asarray(params["bert"]["embeddings"]["word_embeddings"]["embedding"])
+    reference = reference_params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert word.shape == reference.shape and not np.allclose(word, reference)
+
+
+def _setup_step(num_labels, lr=1e-3):
+    mesh = sharding.create_mesh((-1, 1, 1))
+    model = BertForSequenceClassification(TINY, num_labels)
+    ids = jnp.zeros((1, 16), jnp.int32)
+    params = jax.jit(lambda r: model.init(r, ids, ids, ids)["params"])(jax.random.key(0))
+    params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x, params,
+                          is_leaf=lambda x: hasattr(x, "unbox"))  # fmt: skip
+    tx, schedule = common.make_optimizer(lr, 100, warmup_proportion=0.0)
+    state, shardings = common.create_state(model, params, tx, mesh, [ids] * 3)
+    step = jax.jit(
+        functools.partial(ftc.train_step, model=model, tx=tx, schedule=schedule, regression=False),
+        donate_argnums=0,
+    )
+    return mesh, state, step
+
+
+def _random_batch(labels):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 2000, size=(8, 16)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[:, 12:] = 0
+    return {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids),
+            "labels": labels}  # fmt: skip
+
+
+def test_a_few_steps_reduce_the_loss():
+    mesh, state, step = _setup_step(3)
+    batch = _random_batch(np.array([0, 1, 2, 0, 1, 2, 0, 1], np.int32))
+    batch = sharding.global_batch(batch, mesh)
+    losses = []
+    with sharding.activation_context(mesh):
+        for _ in range(12):
+            state, metrics = step(state, batch, jax.random.key(0))
+            losses.append(float(metrics["loss"]))
+    assert int(state.step) == 12
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_losses():
+    logits = np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]], np.float32)
+    labels = np.array([0, 1])
+    log_softmax = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    expected = -(log_softmax[0, 0] + log_softmax[1, 1]) / 2
+    assert float(ftc.loss_fn(logits, labels, False)) == pytest.approx(expected, rel=1e-6)
+    targets = np.array([1.5, 4.0], np.float32)
+    mse = ((2.0 - 1.5) ** 2 + (0.5 - 4.0) ** 2) / 2  # regression reads logit 0 only
+    assert float(ftc.loss_fn(logits[:, :1], targets, True)) == pytest.approx(mse)
+
+
+def test_cutting_padding_does_not_change_logits():
+    model = BertForSequenceClassification(TINY, 2)
+    batch = _random_batch(np.zeros(8, np.int32))
+    params = model.init(jax.random.key(0), *(batch[k] for k in ftc.INPUT_KEYS))["params"]
+    predict = jax.jit(functools.partial(ftc.predict_step, model=model))
+    full = predict(params, batch)
+    length = common.pad_length(batch["input_mask"].sum(1), 16, multiple=4)
+    assert length == 12
+    cut = common.take(batch, np.arange(8), length)
+    assert cut["input_ids"].shape == (8, 12) and cut["labels"].shape == (8,)
+    np.testing.assert_allclose(predict(params, cut), full, atol=1e-5)
+
+
+def test_train_batches_cover_each_example_once_in_similar_lengths():
+    lengths = np.random.default_rng(0).integers(3, 60, size=1000)
+    batches = common.train_batches(lengths, 32, seed=0, epoch=1, group=4)
+    flat = np.concatenate(batches)
+    assert len(batches) == 31 and len(np.unique(flat)) == len(flat) == 31 * 32
+    spread = np.mean([np.ptp(lengths[b]) for b in batches])
+    assert spread < 0.5 * np.ptp(lengths)  # grouped runs, not random batches
+    again = common.train_batches(lengths, 32, seed=0, epoch=1, group=4)
+    assert all((a == b).all() for a, b in zip(batches, again, strict=True))
+    other_epoch = common.train_batches(lengths, 32, seed=0, epoch=2, group=4)
+    assert not all((a == b).all() for a, b in zip(batches, other_epoch, strict=True))
+
+
+def test_eval_batches_cover_everything_once():
+    lengths = np.array([5, 3, 9, 1, 7])
+    seen = []
+    for indices, real in common.eval_batches(lengths, 2):
+        assert len(indices) == 2
+        seen.extend(indices[:real])
+    assert sorted(seen) == [0, 1, 2, 3, 4]
+
+
+def test_finetune_end_to_end_on_glue_sst2_fixture(checkpoints, tmp_path):
+    config = finetune_glue.get_config("sst2")
+    config.unlock()
+    config.update(
+        data_dir=str(GLUE_DIR / "SST-2"), init_from=str(checkpoints["orbax"]), max_seq_length=32,
+        train_batch_size=8, eval_batch_size=8, num_epochs=2, learning_rate=1e-3, log_every=1,
+    )  # fmt: skip
+    results = ftc.finetune(config, str(tmp_path))
+
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["num_examples"] == {"train": 16, "dev": 8, "test": 8}
+    assert [e["epoch"] for e in saved["epochs"]] == [1, 2]
+    assert 0.0 <= saved["epochs"][-1]["dev"]["accuracy"] <= 1.0
+    assert saved["num_train_steps"] == 4 and "test" not in saved  # SST-2 test is unlabeled
+    assert results["epochs"] == saved["epochs"]
+    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+
+    with open(tmp_path / "predictions_dev.tsv", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    assert rows[0] == ["guid", "label", "prediction", "p_0", "p_1"] and len(rows) == 9
+    for row in rows[1:]:
+        assert row[2] in ("0", "1")
+        assert float(row[3]) + float(row[4]) == pytest.approx(1.0, abs=1e-5)
+    submission = (tmp_path / "submission" / "SST-2.tsv").read_text().splitlines()
+    assert submission[0] == "index\tprediction" and len(submission) == 9
+    assert [line.split("\t")[0] for line in submission[1:]] == [str(i) for i in range(8)]
+
+
+def test_cli_help():
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.finetune_classification", "--help"],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert "Fine-tunes a pretrained BERT" in result.stdout
+    assert "--config" in result.stdout and "--workdir" in result.stdout
