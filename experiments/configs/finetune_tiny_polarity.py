@@ -1,0 +1,44 @@
+r"""BERT-tiny (pretrained here, or from scratch) fine-tuned on sentence polarity: `make demo`.
+
+  python -m experiments.finetune_classification \
+      --config=experiments/configs/finetune_tiny_polarity.py \
+      --config.init_from=workdirs/demo/pretrain --workdir=workdirs/demo/polarity_pretrained
+  # the baseline: the same architecture and vocab, random weights
+  ... --config.from_scratch=True --workdir=workdirs/demo/polarity_scratch
+
+Both runs share every setting, so the only difference is the pretraining. Small BERTs
+take a larger learning rate than BERT-Base (Turc et al. 2019 search 1e-4 .. 3e-5).
+"""
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.task = "polarity"  # data_pipelines.tasks.sentence_tasks name
+    config.data_dir = ""  # "" = the cached vaderSentiment sdist (fetched with pip if missing)
+    config.data_source = "tsv"  # GLUE only: "tsv" files or "tfds"
+    config.skip_malformed = False  # GLUE only: skip unparsable rows (logged) instead of failing
+
+    config.init_from = ""  # the pretraining workdir (experiments.pretrain --workdir)
+    config.bert_config_file = ""  # replaces the config found beside init_from
+    config.vocab_file = ""  # "" = the vocab file the pretraining config names
+    config.do_lower_case = True  # the demo vocab is uncased
+    config.from_scratch = False  # True: random weights in the same architecture (baseline)
+    config.model_overrides = ml_collections.ConfigDict()
+    config.model_overrides.hidden_dropout_prob = placeholder(float)  # None: the checkpoint's
+
+    config.max_seq_length = 64  # word pieces incl. [CLS]/[SEP]
+    config.max_train_examples = placeholder(int)  # None: all
+    config.train_batch_size = 32  # global
+    config.eval_batch_size = 128  # global
+    config.num_epochs = 3
+    config.learning_rate = 1e-4  # peak, after warmup
+    config.warmup_proportion = 0.1  # of all train steps, linear from 0
+    config.weight_decay = 0.01  # not on LayerNorm and biases
+    config.max_grad_norm = 1.0  # global-norm clipping
+    config.seed = 0  # head init, data order, dropout
+    config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): data parallel over all devices
+    config.log_every = 20  # steps between train_log.jsonl records
+    return config

@@ -1,0 +1,243 @@
+r"""Fine-tunes a pretrained BERT on SQuAD v1.1 or v2.0 (extractive question answering).
+
+  python -m experiments.finetune_squad --config=experiments/configs/finetune_squad.py:v1.1 \
+      --config.train_file=squad/train-v1.1.json --config.predict_file=squad/dev-v1.1.json \
+      --config.init_from=uncased_L-12_H-768_A-12 --workdir=workdirs/squad11
+
+The encoder comes from `config.init_from` (see experiments/finetune_classification.py);
+a fresh layer scores every piece as an answer start and end. Documents longer than
+`max_seq_length` are read in windows `doc_stride` apart; answers are decoded from the
+n-best spans (`data_pipelines.tasks.squad_predictions`) and scored with the official
+evaluation's exact match and F1 after every epoch (v2.0 also with the best null threshold).
+
+Writes to --workdir: `predictions.json` (question id -> answer, the official evaluation's
+input), `nbest_predictions.json`, for v2.0 `null_odds.json`, `metrics.json` and
+`train_log.jsonl`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import app, flags, logging
+from ml_collections import config_flags
+from tqdm import tqdm
+
+from bert_jax import eval_metrics, sharding
+from bert_jax import finetune_common as common
+from bert_jax.config import BertConfig
+from bert_jax.heads import BertForQuestionAnswering
+from data_pipelines.tasks import squad
+from data_pipelines.tasks.squad_predictions import postprocess
+from data_pipelines.tokenization import load_tokenizer
+
+INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
+
+
+def loss_fn(start_logits, end_logits, start_positions, end_positions) -> jax.Array:
+    """The original's loss: the mean of the start and end cross-entropies."""
+    start = optax.softmax_cross_entropy_with_integer_labels(start_logits, start_positions)
+    end = optax.softmax_cross_entropy_with_integer_labels(end_logits, end_positions)
+    return jnp.mean(start + end) / 2
+
+
+def train_step(state: common.FinetuneState, batch, rng, *, model, tx, schedule):
+    """(state, batch, rng) -> (state, metrics): one AdamW update on the whole model."""
+    dropout_rng = jax.random.fold_in(rng, state.step)
+
+    def compute_loss(params):
+        start, end = model.apply(
+            {"params": params},
+            *(batch[k] for k in INPUT_KEYS),
+            deterministic=False,
+            rngs={"dropout": dropout_rng},
+        )  # (B, T) each
+        return loss_fn(start.astype(jnp.float32), end.astype(jnp.float32),
+                       batch["start_positions"], batch["end_positions"])  # fmt: skip
+
+    loss, grads = jax.value_and_grad(compute_loss)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "learning_rate": schedule(state.step)}
+    return common.FinetuneState(state.step + 1, params, opt_state), metrics
+
+
+def predict_step(params, batch, *, model):
+    start, end = model.apply({"params": params}, *(batch[k] for k in INPUT_KEYS))
+    return start.astype(jnp.float32), end.astype(jnp.float32)
+
+
+def predict(predict_fn, params, features: squad.SquadFeatures, batch_size, mesh):
+    """(F, T) start and end logits of every window."""
+    arrays = {k: getattr(features, k) for k in INPUT_KEYS}
+    lengths = features.input_mask.sum(1)
+    shape = features.input_ids.shape
+    starts = np.full(shape, -1e9, np.float32)  # padding never wins
+    ends = np.full(shape, -1e9, np.float32)
+    batches = common.eval_batches(lengths, batch_size)
+    total = common.num_batches(len(features), batch_size)
+    for indices, real in tqdm(batches, total=total, desc="predict", leave=False):
+        length = common.pad_length(lengths[indices], shape[1])
+        batch = sharding.global_batch(common.take(arrays, indices, length), mesh)
+        start, end = (np.asarray(x) for x in predict_fn(params, batch))
+        starts[indices[:real], :length] = start[:real]
+        ends[indices[:real], :length] = end[:real]
+    return starts, ends
+
+
+def write_predictions(workdir, predictions, version_2: bool) -> None:
+    common.write_json(os.path.join(workdir, "predictions.json"), predictions.answers)
+    nbest = {q: [dataclasses.asdict(c) for c in cands] for q, cands in predictions.nbest.items()}
+    common.write_json(os.path.join(workdir, "nbest_predictions.json"), nbest)
+    if version_2:
+        common.write_json(os.path.join(workdir, "null_odds.json"), predictions.null_score_diff)
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Runs the whole fine-tuning described by `config`; returns what metrics.json holds."""
+    start_time = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    version_2 = config.version == "v2.0"
+
+    def read(path, is_training):
+        if config.data_source == "tfds":
+            return squad.read_tfds(path, version=config.version, is_training=is_training)
+        return squad.read_squad(path, is_training=is_training,
+                                skip_mismatched=config.skip_mismatched)  # fmt: skip
+
+    train_examples = read(config.train_file, True)
+    eval_examples = read(config.predict_file, False)
+    if config.max_train_examples:
+        train_examples = train_examples[: config.max_train_examples]
+    overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
+    model, bert_config, params, vocab_file = common.load_model(
+        BertForQuestionAnswering(BertConfig()),
+        config.init_from,
+        from_scratch=config.from_scratch,
+        bert_config_file=config.bert_config_file or None,
+        seed=config.seed,
+        **overrides,
+    )
+    vocab_file = config.vocab_file or vocab_file
+    if not vocab_file:
+        raise ValueError(f"no vocab.txt beside {config.init_from}; set --config.vocab_file")
+    tokenizer = load_tokenizer(vocab_file, do_lower_case=config.do_lower_case)
+    windows = dict(max_seq_length=config.max_seq_length, doc_stride=config.doc_stride,
+                   max_query_length=config.max_query_length)  # fmt: skip
+    train = squad.encode_squad(train_examples, tokenizer, is_training=True, **windows)
+    evaluation = squad.encode_squad(eval_examples, tokenizer, is_training=False, **windows)
+
+    mesh = sharding.create_mesh(config.mesh_shape)
+    common.check_batch_size(config.train_batch_size, mesh, "train_batch_size")
+    common.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
+    steps_per_epoch = common.steps_per_epoch(len(train), config.train_batch_size)
+    if steps_per_epoch == 0:
+        raise ValueError(f"{len(train)} training windows < train_batch_size")
+    num_steps = steps_per_epoch * config.num_epochs
+    tx, schedule = common.make_optimizer(
+        config.learning_rate, num_steps, warmup_proportion=config.warmup_proportion,
+        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+    )  # fmt: skip
+    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
+    state, shardings = common.create_state(model, params, tx, mesh, sample)
+    del params
+
+    data = sharding.batch_sharding(mesh)
+    train_keys = (*INPUT_KEYS, "start_positions", "end_positions")
+    step_fn = jax.jit(
+        functools.partial(train_step, model=model, tx=tx, schedule=schedule),
+        in_shardings=(shardings, {k: data for k in train_keys}, common.replicated(mesh)),
+        out_shardings=(shardings, common.replicated(mesh)),
+        donate_argnums=0,
+    )
+    predict_fn = jax.jit(
+        functools.partial(predict_step, model=model),
+        in_shardings=(shardings.params, {k: data for k in INPUT_KEYS}),
+        out_shardings=common.replicated(mesh),
+    )
+    train_arrays = {k: getattr(train, k) for k in train_keys}
+    train_lengths = train.input_mask.sum(1)
+    gold = {e.qas_id: list(e.gold_answers) for e in eval_examples}
+
+    def evaluate():
+        starts, ends = predict(predict_fn, state.params, evaluation, config.eval_batch_size, mesh)
+        predictions = postprocess(
+            eval_examples, evaluation, starts, ends, n_best_size=config.n_best_size,
+            max_answer_length=config.max_answer_length, do_lower_case=config.do_lower_case,
+            version_2_with_negative=version_2,
+            null_score_diff_threshold=config.null_score_diff_threshold,
+        )  # fmt: skip
+        scores = eval_metrics.squad_scores(
+            gold, predictions.answers, version="2.0" if version_2 else "1.1",
+            null_scores=predictions.null_score_diff if version_2 else None,
+            null_threshold=config.null_score_diff_threshold,
+        )  # fmt: skip
+        return scores, predictions
+
+    results = {
+        "version": config.version,
+        "init_from": config.init_from,
+        "num_examples": {"train": len(train_examples), "eval": len(eval_examples)},
+        "num_windows": {"train": len(train), "eval": len(evaluation)},
+        "num_split_over_windows": {"train": train.num_split, "eval": evaluation.num_split},
+        "num_query_truncated": {
+            "train": train.num_query_truncated,
+            "eval": evaluation.num_query_truncated,
+        },  # fmt: skip
+        "num_train_steps": num_steps,
+        "epochs": [],
+    }
+    rng = jax.random.key(config.seed)
+    log_path = os.path.join(workdir, "train_log.jsonl")
+    with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
+        for epoch in range(1, config.num_epochs + 1):
+            batches = common.train_batches(
+                train_lengths, config.train_batch_size, config.seed, epoch
+            )
+            losses = []
+            progress = tqdm(batches, desc=f"epoch {epoch}/{config.num_epochs}")
+            for indices in progress:
+                length = common.pad_length(train_lengths[indices], config.max_seq_length)
+                batch = sharding.global_batch(common.take(train_arrays, indices, length), mesh)
+                state, metrics = step_fn(state, batch, rng)
+                losses.append(metrics["loss"])
+                step = int(state.step)
+                if step % config.log_every == 0 or step == num_steps:
+                    window = float(np.mean(jax.device_get(losses[-config.log_every :])))
+                    common.check_finite(window, step)
+                    record = {"step": step, "epoch": step / steps_per_epoch, "loss": window,
+                              "learning_rate": float(metrics["learning_rate"])}  # fmt: skip
+                    log_file.write(json.dumps(record) + "\n")
+                    log_file.flush()
+                    progress.set_postfix(loss=f"{window:.4f}")
+            scores, predictions = evaluate()
+            results["epochs"].append({"epoch": epoch, "train_loss": float(np.mean(
+                jax.device_get(losses))), "eval": scores})  # fmt: skip
+            logging.info("epoch %d: EM %.2f F1 %.2f", epoch, scores["exact"], scores["f1"])
+            write_predictions(workdir, predictions, version_2)
+            common.write_json(os.path.join(workdir, "metrics.json"), results)
+    results["wall_time_s"] = time.time() - start_time
+    common.write_json(os.path.join(workdir, "metrics.json"), results)
+    return results
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    finetune(flags.FLAGS.config, flags.FLAGS.workdir)
+
+
+if __name__ == "__main__":
+    config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.", lock_config=True)
+    flags.DEFINE_string("workdir", None, "Where predictions.json and metrics.json are written.")
+    flags.mark_flags_as_required(["config", "workdir"])
+    app.run(main)
