@@ -184,9 +184,14 @@ def _add_rates(result: dict) -> None:
     result["instances_per_cpu_second"] = round(result["instances"] / result["cpu_seconds"], 1)
 
 
-def marginal_rate(full: dict, tiny: dict, key: str = "seconds") -> float:
-    """Instances per (CPU) second beyond the fixed start-up cost measured on the tiny input."""
-    return round((full["instances"] - tiny["instances"]) / (full[key] - tiny[key]), 1)
+def marginal_rate(full: dict, tiny: dict, key: str = "seconds") -> float | None:
+    """Instances per (CPU) second beyond the fixed start-up cost measured on the tiny input.
+
+    None when the difference is not positive (a machine too busy to time: the full run
+    took no longer than the tiny one).
+    """
+    extra = full[key] - tiny[key]
+    return round((full["instances"] - tiny["instances"]) / extra, 1) if extra > 0 else None
 
 
 def prepare_inputs(args) -> tuple[str, str, str]:
@@ -339,7 +344,8 @@ def main() -> None:
                 "original_marginal_instances_per_cpu_second",
             ),
         ]:
-            summary[f"speedup_{label}"] = round(summary[ours] / summary[theirs], 1)
+            if summary[ours] and summary[theirs]:
+                summary[f"speedup_{label}"] = round(summary[ours] / summary[theirs], 1)
     results["summary"] = summary
     results["machine"]["load_average_at_end"] = os.getloadavg()
     print(json.dumps(summary, indent=2))

@@ -241,10 +241,11 @@ def _init_worker(options: Options, tokenizer: Any) -> None:
     global _worker_processor
     # One core per worker: the workers are the parallelism.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    import tensorflow as tf
+    if options.masking == "static":  # dynamic mode never imports TensorFlow in workers
+        import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
     _worker_processor = ChunkProcessor(options, tokenizer)
 
 

@@ -45,9 +45,10 @@ class RecordEncoder:
         masked_lm_prob: float,
         whole_word: bool,
     ):
-        from data_pipelines import masking  # TensorFlow: only where records are made
+        if static_masking:
+            from data_pipelines import masking  # TensorFlow: only where masks are drawn
 
-        self._masking = masking
+            self._masking = masking
         self.tokenizer = tokenizer
         self.random_seed = random_seed
         self.static_masking = static_masking
