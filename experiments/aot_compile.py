@@ -1,0 +1,379 @@
+r"""Ahead-of-time fit check: compiles a config's train and eval steps for a TPU slice.
+
+  python -m experiments.aot_compile --config=experiments/configs/bert_large_paper.py \
+      [--topology=v3:8x8] [--mfu=0.4] [--usd_per_chip_hour=2.0]
+
+With the `libtpu` wheel installed (`pip install -e '.[tpu]'`), `jax.experimental.
+topologies` describes a real slice on a CPU-only machine. The config's mesh is laid over
+that slice's devices and the real jitted train and eval steps (the ones
+`experiments.pretrain` runs, same shardings, same donation) are lowered and compiled by
+the TPU compiler on abstract inputs: nothing is allocated. The report gives per-device
+memory (XLA's `memory_analysis`) against the chip's HBM, the model FLOPs of one step
+(computed analytically: XLA's cost analysis counts a scanned layer body once), and the
+projected time to train at a stated model-FLOPs utilisation. The exit status is 1 when
+the step does not fit, 2 when it cannot be compiled for another reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import sys
+import time
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+GiB = 1024**3
+
+# HBM of one JAX device. TPU v2/v3 expose each TensorCore as a device (v3: 32 GiB per
+# chip, 16 GiB per core); v4 and v5p join a chip's two cores into one device (megacore).
+HBM_BYTES_BY_DEVICE_KIND = {
+    "TPU v2": 8 * GiB,
+    "TPU v3": 16 * GiB,
+    "TPU v4": 32 * GiB,
+    "TPU v5 lite": 16 * GiB,
+    "TPU v5": 95 * GiB,
+    "TPU v6 lite": 32 * GiB,
+}
+# JAX devices per chip: 2 on v2/v3 (one per TensorCore), 1 elsewhere.
+DEVICES_PER_CHIP = {"v2": 2, "v3": 2}
+# Generations whose chips Cloud TPU VMs run as one megacore device.
+MEGACORE = ("v4", "v5p")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryUse:
+    """Per-device bytes of one compiled program (fields of XLA's memory analysis)."""
+
+    arguments: int
+    outputs: int
+    aliased: int  # outputs written into donated arguments' buffers (counted once)
+    temporaries: int
+    generated_code: int
+
+    @property
+    def total(self) -> int:
+        """Peak bytes the program needs on one device."""
+        return self.arguments + self.outputs - self.aliased + self.temporaries + self.generated_code
+
+    @classmethod
+    def of(cls, compiled) -> MemoryUse:
+        stats = compiled.memory_analysis()
+        if stats is None:
+            raise RuntimeError("the compiler gave no memory analysis for this program")
+        return cls(
+            arguments=stats.argument_size_in_bytes,
+            outputs=stats.output_size_in_bytes,
+            aliased=stats.alias_size_in_bytes,
+            temporaries=stats.temp_size_in_bytes,
+            generated_code=stats.generated_code_size_in_bytes,
+        )
+
+
+def eval_peak_bytes(train: MemoryUse, evaluate: MemoryUse) -> int:
+    """Peak bytes while evaluating mid-training: the whole train state stays resident.
+
+    The eval step takes only the params, but the optimizer state (and the train batch's
+    buffers) live on, so its own needs come on top of the train step's arguments.
+    """
+    return (
+        train.arguments
+        + evaluate.outputs
+        + evaluate.temporaries
+        + evaluate.generated_code
+        + max(evaluate.arguments - train.arguments, 0)
+    )
+
+
+def fits(peak_bytes: int, hbm_bytes: int) -> bool:
+    """Whether a program needing `peak_bytes` per device fits in `hbm_bytes`."""
+    return peak_bytes <= hbm_bytes
+
+
+def projected_seconds(
+    flops_per_step: float, steps: int, peak_flops_per_device: float, devices: int, mfu: float
+) -> float:
+    """Wall-clock seconds for `steps` steps at model-FLOPs utilisation `mfu`."""
+    if not 0 < mfu <= 1:
+        raise ValueError(f"mfu must be in (0, 1], got {mfu}")
+    return flops_per_step * steps / (peak_flops_per_device * devices * mfu)
+
+
+def topology_generation(topology: str) -> str:
+    """'v3:8x8' -> 'v3'."""
+    generation, sep, shape = topology.partition(":")
+    if not sep or not shape:
+        raise ValueError(f"topology {topology!r} is not of the form 'v3:8x8' or 'v4:2x2x2'")
+    return generation
+
+
+def topology_chips(topology: str) -> int:
+    """'v3:8x8' -> 64 chips."""
+    topology_generation(topology)
+    dims = topology.partition(":")[2].split("x")
+    if not all(d.isdigit() and int(d) > 0 for d in dims):
+        raise ValueError(f"topology {topology!r} has a malformed shape")
+    return math.prod(int(d) for d in dims)
+
+
+def topology_device_count(topology: str) -> int:
+    """JAX devices of a slice as Cloud TPU VMs run it ('v3:8x8' -> 128 cores)."""
+    return topology_chips(topology) * DEVICES_PER_CHIP.get(topology_generation(topology), 1)
+
+
+def topology_hosts(topology: str) -> int:
+    """TPU VM hosts (JAX processes) of a slice: pod slices have 4 chips per host."""
+    return max(1, topology_chips(topology) // 4)
+
+
+def accelerator_type(topology: str) -> str:
+    """The `gcloud --accelerator-type` of a slice: 'v3:8x8' -> 'v3-128', 'v5e:4x4' ->
+    'v5litepod-16'. v2-v5p names count TensorCores (two per chip), v5e/v6e count chips."""
+    generation, chips = topology_generation(topology), topology_chips(topology)
+    if generation == "v5e":
+        return f"v5litepod-{chips}"
+    if generation == "v6e":
+        return f"v6e-{chips}"
+    return f"{generation}-{2 * chips}"
+
+
+def slice_devices(topology: str) -> list:
+    """The (compile-only) devices of a TPU slice, as Cloud TPU VMs present them."""
+    from jax.experimental import topologies
+
+    kwargs = {"chip_config_name": "megacore"} if topology_generation(topology) in MEGACORE else {}
+    return list(
+        topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs).devices
+    )
+
+
+def device_hbm_bytes(device_kind: str) -> int:
+    if device_kind not in HBM_BYTES_BY_DEVICE_KIND:
+        raise ValueError(f"no HBM size known for device kind {device_kind!r}")
+    return HBM_BYTES_BY_DEVICE_KIND[device_kind]
+
+
+def device_peak_flops(device_kind: str) -> float:
+    from bert_jax import metrics
+
+    if device_kind not in metrics.PEAK_FLOPS_BY_DEVICE_KIND:
+        raise ValueError(f"no peak FLOP/s known for device kind {device_kind!r}")
+    return metrics.PEAK_FLOPS_BY_DEVICE_KIND[device_kind]
+
+
+@dataclasses.dataclass
+class FitReport:
+    """What the fit check found for one config on one slice."""
+
+    topology: str
+    device_kind: str
+    num_devices: int
+    num_chips: int
+    mesh_shape: dict[str, int]
+    hbm_bytes: int
+    train: MemoryUse
+    evaluate: MemoryUse
+    flops_per_step: float
+    steps: int
+    peak_flops_per_device: float
+    compile_seconds: float
+
+    @property
+    def eval_peak(self) -> int:
+        return eval_peak_bytes(self.train, self.evaluate)
+
+    @property
+    def fits(self) -> bool:
+        return fits(self.train.total, self.hbm_bytes) and fits(self.eval_peak, self.hbm_bytes)
+
+    def days(self, mfu: float) -> float:
+        seconds = projected_seconds(
+            self.flops_per_step, self.steps, self.peak_flops_per_device, self.num_devices, mfu
+        )
+        return seconds / 86400
+
+    def format(self, mfu: float, usd_per_chip_hour: float | None = None) -> str:
+        def gib(n):
+            return f"{n / GiB:7.2f} GiB"
+
+        t, e = self.train, self.evaluate
+        step_seconds = projected_seconds(
+            self.flops_per_step, 1, self.peak_flops_per_device, self.num_devices, mfu
+        )
+        lines = [
+            f"slice {self.topology} ({accelerator_type(self.topology)}): {self.num_devices} x "
+            f"{self.device_kind} ({self.num_chips} chips), mesh {self.mesh_shape}, compiled in "
+            f"{self.compile_seconds:.0f} s",
+            f"per-device memory     train step   eval step   (HBM {gib(self.hbm_bytes)})",
+            f"  arguments        {gib(t.arguments)}  {gib(e.arguments)}",
+            f"  outputs          {gib(t.outputs)}  {gib(e.outputs)}",
+            f"  aliased (donated){gib(t.aliased)}  {gib(e.aliased)}",
+            f"  temporaries      {gib(t.temporaries)}  {gib(e.temporaries)}",
+            f"  generated code   {gib(t.generated_code)}  {gib(e.generated_code)}",
+            f"  total            {gib(t.total)}  {gib(self.eval_peak)} (with the train state)",
+            f"  fits: {'yes' if self.fits else 'NO'} "
+            f"({100 * max(t.total, self.eval_peak) / self.hbm_bytes:.0f}% of HBM)",
+            f"model FLOPs per step  {self.flops_per_step:.4g} (analytic: 6 x params-in-matmuls "
+            f"x tokens + attention)",
+            f"projected at MFU {mfu:.0%}: {step_seconds * 1e3:.1f} ms/step, {self.steps:,} steps "
+            f"= {self.days(mfu):.2f} days",
+        ]
+        if usd_per_chip_hour:
+            cost = self.days(mfu) * 24 * self.num_chips * usd_per_chip_hour
+            lines.append(f"  at ${usd_per_chip_hour:.2f}/chip-hour: ${cost:,.0f}")
+        return "\n".join(lines)
+
+
+def steps_to_train(config) -> int:
+    """Steps this config's run takes: from `start_step` (phase 2: phase 1's end) to its stop."""
+    stop = config.get("stop_at_step") or config.num_train_steps
+    return stop - config.get("start_step", 0)
+
+
+def compile_steps(config, devices):
+    """Lowers and compiles the config's train and eval steps for `devices`.
+
+    Returns (compiled train step, compiled eval step, mesh, model config).
+    """
+    import jax
+
+    from bert_jax import optim, sharding, train
+    from bert_jax.heads import BertForPreTraining
+
+    cfg = train.model_config(config)
+    mesh = sharding.create_mesh(config.mesh_shape, devices=devices)
+    model = BertForPreTraining(cfg)
+    accum = config.optimizer.get("grad_accum_steps", 1)
+    tx = optim.make_optimizer(config.optimizer, config.num_train_steps // accum)
+    schedule = optim.learning_rate_schedule(config.optimizer, config.num_train_steps // accum)
+    data = config.data
+    seq_len, predictions = data.max_seq_length, data.max_predictions_per_seq
+    # Parameter shapes do not depend on the batch: initialise from a one-example batch.
+    abstract_state, shardings, _ = train.state_shardings(
+        model, tx, mesh, train.example_batch(1, seq_len, predictions)
+    )
+    step_fn, eval_fn = train.jit_steps(model, tx, schedule, mesh, shardings, accum)
+
+    def with_sharding(tree, shardings_tree):
+        return jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings_tree
+        )
+
+    state = with_sharding(abstract_state, shardings)
+    batch_shapes = jax.eval_shape(
+        functools.partial(train.example_batch, config.global_batch_size, seq_len, predictions)
+    )
+    batch_sharding = sharding.batch_sharding(mesh)
+    batch = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding), batch_shapes
+    )
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    rng = jax.ShapeDtypeStruct((), jax.eval_shape(jax.random.key, 0).dtype, sharding=replicated)
+    with sharding.activation_context(mesh):
+        compiled_train = step_fn.lower(state, batch, rng).compile()
+        compiled_eval = eval_fn.lower(state.params, batch).compile()
+    return compiled_train, compiled_eval, mesh, cfg
+
+
+def check(config, topology: str) -> FitReport:
+    """Compiles `config` for the TPU slice `topology` and reports the fit."""
+    from bert_jax import metrics
+
+    devices = slice_devices(topology)
+    kind = devices[0].device_kind
+    start = time.perf_counter()
+    compiled_train, compiled_eval, mesh, cfg = compile_steps(config, devices)
+    seconds = time.perf_counter() - start
+    data = config.data
+    return FitReport(
+        topology=topology,
+        device_kind=kind,
+        num_devices=len(devices),
+        num_chips=topology_chips(topology),
+        mesh_shape=dict(mesh.shape),
+        hbm_bytes=device_hbm_bytes(kind),
+        train=MemoryUse.of(compiled_train),
+        evaluate=MemoryUse.of(compiled_eval),
+        flops_per_step=metrics.train_flops_per_step(
+            cfg, config.global_batch_size, data.max_seq_length, data.max_predictions_per_seq
+        ),
+        steps=steps_to_train(config),
+        peak_flops_per_device=device_peak_flops(kind),
+        compile_seconds=seconds,
+    )
+
+
+def is_out_of_memory(error: Exception) -> bool:
+    """Whether a compile error is the TPU compiler running out of HBM."""
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text
+
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file (optionally with :variant).", lock_config=True
+)
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", None, "TPU slice, e.g. v3:8x8, v4:2x2x2, v5e:4x4 (default: config.topology)."
+)
+_MFU = flags.DEFINE_float("mfu", 0.4, "Model-FLOPs utilisation the time projection assumes.")
+_USD = flags.DEFINE_float(
+    "usd_per_chip_hour", None, "If given, also project the cost at this price per chip-hour."
+)
+
+
+def run(config, topology: str | None, mfu: float, usd_per_chip_hour: float | None) -> int:
+    """Checks `config`, prints the report; returns the exit status (0 fits, 1 does not)."""
+    topology = topology or config.get("topology")
+    if not topology:
+        raise app.UsageError("the config has no `topology` key: pass --topology (e.g. v3:8x8)")
+    print(f"compiling for {topology} ...", flush=True)
+    try:
+        report = check(config, topology)
+    except Exception as e:  # noqa: BLE001  (the compiler's errors are not typed)
+        if not is_out_of_memory(e):
+            raise
+        print(f"DOES NOT FIT on {topology}: the TPU compiler ran out of HBM:\n{e}")
+        return 1
+    print(report.format(mfu, usd_per_chip_hour))
+    if not report.fits:
+        needed = max(report.train.total, report.eval_peak)
+        print(
+            f"DOES NOT FIT on {topology}: needs {needed / GiB:.2f} GiB per device, "
+            f"a {report.device_kind} device has {report.hbm_bytes / GiB:.0f} GiB"
+        )
+        return 1
+    return 0
+
+
+def main(argv) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        logging.error("libtpu is not installed: pip install -e '.[tpu]' (jax[tpu]==0.10.2)")
+        return 2
+    print(f"config {flags.FLAGS['config'].config_filename}")
+    try:
+        return run(_CONFIG.value, _TOPOLOGY.value, _MFU.value, _USD.value)
+    except app.UsageError:
+        raise
+    except Exception:  # noqa: BLE001  (any other failure to lower or compile)
+        logging.exception("the step could not be compiled")
+        return 2
+
+
+def _run():
+    # Compile-only use of libtpu: no TPU is touched, so JAX's own backend is the CPU, and
+    # another process holding the TPU lockfile (a training run, a parallel check) must not
+    # stop this one. Both must be set before JAX starts.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == "__main__":
+    _run()

@@ -1,0 +1,95 @@
+r"""BERT-Base (L12/H768/A12) with the paper's pretraining recipe, on any machine.
+
+Devlin et al. 2018, section A.2: global batch 256, Adam(W) lr 1e-4 with 10k warmup steps
+and linear decay, weight decay 0.01, dropout 0.1, 1M steps: 90% at sequence length 128
+(20 predictions per sequence), then 10% at 512 (80 predictions). Two variants, one per
+phase; phase 2 continues phase 1's full train state (params, Adam moments, step 900k)
+on the length-512 records, so the learning-rate schedule runs on unbroken.
+
+Data (original-format TFRecords, one set per sequence length):
+
+  python -m data_pipelines.create_pretraining_data --input_file=CORPUS \
+      --vocab_file=workdirs/wikibooks/vocab.txt --do_lower_case \
+      --output_file=workdirs/wikibooks/seq128/train.tfrecord \
+      --max_seq_length=128 --max_predictions_per_seq=20
+  (and again with --max_seq_length=512 --max_predictions_per_seq=80 into seq512/)
+
+Launch (phase 2 restores from phase 1's checkpoints; see `resume_from`):
+
+  python -m experiments.pretrain --config=experiments/configs/bert_base.py:phase1 \
+      --workdir=workdirs/bert_base_phase1
+  python -m experiments.pretrain --config=experiments/configs/bert_base.py:phase2 \
+      --workdir=workdirs/bert_base_phase2
+
+Cloud TPU reproductions of this recipe: `bert_base_paper.py` (v3:4x4) and the
+BERT-Large files next to it.
+"""
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+NUM_TRAIN_STEPS = 1_000_000  # both phases share one learning-rate schedule
+PHASE1_STEPS = 900_000  # 90% of the steps at length 128
+# phase -> (max_seq_length, max_predictions_per_seq) of the records it reads.
+PHASES = {"phase1": (128, 20), "phase2": (512, 80)}
+
+
+def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
+    """The recipe for `phase` ('phase1' or 'phase2'; `--config=bert_base.py:phase2`)."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown variant {phase!r}: use one of {sorted(PHASES)}")
+    seq_len, predictions = PHASES[phase]
+    config = ml_collections.ConfigDict()
+    config.seed = 0  # fixes init, data order, dynamic masks and dropout
+
+    config.model = ml_collections.ConfigDict()
+    config.model.preset = "base"  # L12/H768/A12 (bert_jax.config.PRESETS)
+    config.model.vocab_size = 30522  # Google's uncased English WordPiece vocab
+    config.model.dtype = "bfloat16"  # bf16 matmul inputs, f32 accumulation and master weights
+    config.model.scan_layers = False  # nn.scan over layers (faster compiles when deep)
+    config.model.remat_policy = "none"  # rematerialisation (bert_jax.config.REMAT_POLICIES)
+
+    # Where the data lives; every data path below is built from it (FieldReference), so
+    # `--config.data_dir=...` moves them all, and each stays overridable on its own.
+    config.data_dir = "workdirs/wikibooks"
+    data_dir = config.get_ref("data_dir")
+    config.data = ml_collections.ConfigDict()
+    config.data.train_files = data_dir + f"/seq{seq_len}/train-*.tfrecord"  # globs, comma-sep.
+    config.data.eval_files = data_dir + f"/seq{seq_len}/eval-*.tfrecord"  # "" disables eval
+    config.data.vocab_file = data_dir + "/vocab.txt"  # the vocab the records were made with
+    config.data.do_lower_case = True  # uncased model
+    config.data.max_seq_length = seq_len  # T of the records
+    config.data.max_predictions_per_seq = predictions  # P of the records
+    config.data.dynamic_masking = False  # records are masked, as the original's
+    config.data.masked_lm_prob = 0.15  # dynamic masking only
+    config.data.whole_word_mask = False  # dynamic masking only
+    config.data.shuffle_buffer = 10_000  # records in the shuffle buffer (per host)
+
+    config.global_batch_size = 256  # sequences per step over all devices (the paper's)
+    config.num_train_steps = NUM_TRAIN_STEPS  # length of the learning-rate schedule
+    # Phase 1 stops at 900k; phase 2 runs to the end of the schedule.
+    config.stop_at_step = PHASE1_STEPS if phase == "phase1" else placeholder(int)
+    config.start_step = 0 if phase == "phase1" else PHASE1_STEPS  # step this phase begins at
+    config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): data parallel on every device
+
+    config.optimizer = ml_collections.ConfigDict()
+    config.optimizer.name = "adamw"  # the original BERT AdamW (no bias correction)
+    config.optimizer.learning_rate = 1e-4  # peak
+    config.optimizer.warmup_steps = 10_000  # linear warmup from 0
+    config.optimizer.decay_power = 1.0  # linear decay to 0 at num_train_steps
+    config.optimizer.weight_decay = 0.01  # not applied to LayerNorm and biases
+    config.optimizer.b1 = 0.9
+    config.optimizer.b2 = 0.999
+    config.optimizer.eps = 1e-6
+    config.optimizer.max_grad_norm = 1.0  # global-norm clipping, as the original
+    config.optimizer.grad_accum_steps = 1  # micro-batches per update
+
+    config.log_every = 100  # steps between metric writes
+    config.eval_every = 10_000  # steps between held-out evaluations (0: never)
+    config.eval_steps = 100  # held-out batches per evaluation (the original's max_eval_steps)
+    config.checkpoint_every = 5_000  # steps between (async) checkpoints
+    config.keep_checkpoints = 3  # the newest K are kept
+    # Phase 2 continues phase 1's full state: its checkpoints dir (the workdir above).
+    config.resume_from = "" if phase == "phase1" else "workdirs/bert_base_phase1/checkpoints"
+    config.init_from = ""  # params only: our checkpoints dir, a TF checkpoint or a HF dir
+    return config

@@ -1,0 +1,35 @@
+r"""BERT-Base as the paper trained it: 4 Cloud TPUs in a pod (16 TPU v3 chips), v3:4x4.
+
+The recipe of `bert_base.py` (batch 256, lr 1e-4, 10k warmup, 900k steps at T=128 then
+100k at T=512) on a v3-32 slice: 32 TPU v3 cores, 8 sequences per core, pure data
+parallelism (BERT-Base's full train state is ~1.8 GB, a core has 16 GiB). Data and
+checkpoints live in a bucket (see `cloud_tpu.py` for the layout).
+
+Fit check on this CPU (needs the `tpu` extra):
+
+  python -m experiments.aot_compile \
+      --config=experiments/configs/bert_base_paper.py:phase1   # and :phase2
+
+Launch on Cloud TPU (docs/tpu.md walks through data creation and monitoring):
+
+  make tpu-create ACCELERATOR_TYPE=v3-32 TPU_NAME=bert-base
+  make tpu-setup tpu-data BUCKET=gs://my-bucket TPU_NAME=bert-base
+  make tpu-pretrain CONFIG=experiments/configs/bert_base_paper.py PHASE=phase1 \
+      BUCKET=gs://my-bucket TPU_NAME=bert-base ACCELERATOR_TYPE=v3-32
+  make tpu-pretrain CONFIG=experiments/configs/bert_base_paper.py PHASE=phase2 \
+      BUCKET=gs://my-bucket TPU_NAME=bert-base ACCELERATOR_TYPE=v3-32
+"""
+
+import ml_collections
+
+from experiments.configs import bert_base, cloud_tpu
+
+
+def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
+    """Phase 1 (T=128) or phase 2 (T=512, from phase 1's checkpoints)."""
+    config = bert_base.get_config(phase)
+    config = cloud_tpu.on_cloud_tpu(
+        config, config_name="bert_base_paper", phase=phase, topology="v3:4x4"
+    )
+    config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): 32-way data parallel
+    return config

@@ -1,0 +1,201 @@
+"""The ahead-of-time fit check: its arithmetic everywhere, real TPU compiles with libtpu.
+
+The compile tests run `experiments.aot_compile` in a subprocess, as `make aot-check`
+does: libtpu is loaded only there, never into the pytest process and its CPU devices.
+"""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from experiments import aot_compile
+from experiments.aot_compile import GiB, MemoryUse
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
+needs_libtpu = pytest.mark.skipif(
+    not HAVE_LIBTPU,
+    reason="libtpu is not installed (pip install -e '.[tpu]'): no TPU compiler to check with",
+)
+
+
+# --- arithmetic and decisions (no libtpu) -------------------------------------------------
+
+
+def test_total_counts_donated_buffers_once():
+    use = MemoryUse(arguments=10, outputs=4, aliased=4, temporaries=3, generated_code=1)
+    # The 4 output bytes live in donated argument buffers: 10 + 3 + 1.
+    assert use.total == 14
+
+
+def test_eval_peak_keeps_the_whole_train_state_resident():
+    train = MemoryUse(arguments=100, outputs=100, aliased=100, temporaries=50, generated_code=2)
+    evaluate = MemoryUse(arguments=40, outputs=1, aliased=0, temporaries=20, generated_code=3)
+    # The train step's 100 argument bytes (state + batch) stay; eval adds 1 + 20 + 3.
+    assert aot_compile.eval_peak_bytes(train, evaluate) == 124
+
+
+def test_fit_decision_is_inclusive_at_the_hbm_size():
+    assert aot_compile.fits(16 * GiB, 16 * GiB)
+    assert not aot_compile.fits(16 * GiB + 1, 16 * GiB)
+
+
+def test_projected_time():
+    # 1e18 FLOPs x 1000 steps on 100 devices of 1e12 FLOP/s at 50% = 2e7 s.
+    assert aot_compile.projected_seconds(1e18, 1000, 1e12, 100, 0.5) == pytest.approx(2e7)
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="mfu"):
+            aot_compile.projected_seconds(1e18, 1000, 1e12, 100, bad)
+
+
+@pytest.mark.parametrize(
+    "topology, chips, hosts, devices, accelerator",
+    [
+        ("v3:4x4", 16, 4, 32, "v3-32"),  # BERT-Base in the paper: 4 Cloud TPUs, 16 chips
+        ("v3:8x8", 64, 16, 128, "v3-128"),  # BERT-Large: 16 Cloud TPUs, 64 chips
+        ("v3:32x32", 1024, 256, 2048, "v3-2048"),  # a full v3 pod
+        ("v4:2x2x1", 4, 1, 4, "v4-8"),  # megacore: one device per chip
+        ("v4:2x2x4", 16, 4, 16, "v4-32"),
+        ("v5e:4x4", 16, 4, 16, "v5litepod-16"),
+        ("v5e:16x16", 256, 64, 256, "v5litepod-256"),
+    ],
+)
+def test_topology_names(topology, chips, hosts, devices, accelerator):
+    assert aot_compile.topology_chips(topology) == chips
+    assert aot_compile.topology_hosts(topology) == hosts
+    assert aot_compile.topology_device_count(topology) == devices
+    assert aot_compile.accelerator_type(topology) == accelerator
+
+
+@pytest.mark.parametrize("bad", ["v3", "v3:", "v3:8xx8", "8x8"])
+def test_malformed_topology_is_named(bad):
+    with pytest.raises(ValueError, match="topology"):
+        aot_compile.topology_chips(bad)
+
+
+def test_steps_to_train_counts_only_this_phase():
+    from experiments.configs import bert_large_paper
+
+    assert aot_compile.steps_to_train(bert_large_paper.get_config("phase1")) == 900_000
+    assert aot_compile.steps_to_train(bert_large_paper.get_config("phase2")) == 100_000
+
+
+def _report(train_total: int, eval_temporaries: int = 0) -> aot_compile.FitReport:
+    return aot_compile.FitReport(
+        topology="v3:8x8",
+        device_kind="TPU v3",
+        num_devices=128,
+        num_chips=64,
+        mesh_shape={"data": 128, "fsdp": 1, "tensor": 1},
+        hbm_bytes=16 * GiB,
+        train=MemoryUse(train_total, 0, 0, 0, 0),
+        evaluate=MemoryUse(0, 0, 0, eval_temporaries, 0),
+        flops_per_step=6.16e13,
+        steps=900_000,
+        peak_flops_per_device=61.5e12,
+        compile_seconds=1.0,
+    )
+
+
+def test_run_exit_status_follows_the_fit(monkeypatch, capsys):
+    from experiments.configs import bert_large_paper
+
+    config = bert_large_paper.get_config("phase1")
+    monkeypatch.setattr(aot_compile, "check", lambda config, topology: _report(15 * GiB))
+    assert aot_compile.run(config, None, 0.4, None) == 0
+    assert "fits: yes" in capsys.readouterr().out
+
+    monkeypatch.setattr(aot_compile, "check", lambda config, topology: _report(17 * GiB))
+    assert aot_compile.run(config, None, 0.4, None) == 1
+    assert "DOES NOT FIT on v3:8x8: needs 17.00 GiB" in capsys.readouterr().out
+
+    # The train step fits, but evaluating beside the resident train state does not.
+    monkeypatch.setattr(aot_compile, "check", lambda c, t: _report(15 * GiB, 2 * GiB))
+    assert aot_compile.run(config, None, 0.4, None) == 1
+
+    def out_of_memory(config, topology):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm")
+
+    monkeypatch.setattr(aot_compile, "check", out_of_memory)
+    assert aot_compile.run(config, None, 0.4, None) == 1
+    assert "the TPU compiler ran out of HBM" in capsys.readouterr().out
+
+
+def test_report_projection_and_cost():
+    text = _report(7 * GiB).format(mfu=0.4, usd_per_chip_hour=2.0)
+    # 6.16e13 FLOPs / (128 x 61.5e12 x 0.4) = 19.56 ms; x 900k steps = 0.2038 days;
+    # 0.2038 days x 24 h x 64 chips x $2 = $626.
+    assert "19.6 ms/step" in text
+    assert "= 0.20 days" in text
+    assert "$626" in text
+
+
+# --- real compiles for TPU slices (libtpu) ------------------------------------------------
+
+
+def _aot(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("XLA_FLAGS", None)  # the subprocess needs no fake CPU devices
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.aot_compile", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@needs_libtpu
+def test_slice_device_counts_agree_with_libtpu():
+    code = (
+        "import os; os.environ['JAX_PLATFORMS'] = 'cpu'; "
+        "os.environ['ALLOW_MULTIPLE_LIBTPU_LOAD'] = '1'\n"
+        "from experiments import aot_compile\n"
+        "for t in ['v3:8x8', 'v4:2x2x4', 'v5e:4x4']:\n"
+        "    d = aot_compile.slice_devices(t)\n"
+        "    print(t, len(d), len({x.process_index for x in d}), d[0].device_kind)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert found == {
+        "v3:8x8": "128 16 TPU v3",
+        "v4:2x2x4": "16 4 TPU v4",
+        "v5e:4x4": "16 4 TPU v5 lite",
+    }
+    for topology, value in found.items():
+        devices, hosts = map(int, value.split()[:2])
+        assert devices == aot_compile.topology_device_count(topology)
+        assert hosts == aot_compile.topology_hosts(topology)
+
+
+@needs_libtpu
+def test_tiny_config_compiles_for_a_v4_slice_and_fits():
+    result = _aot("--config=experiments/configs/bert_tiny_cpu.py", "--topology=v4:2x2x1")
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    out = result.stdout
+    assert "slice v4:2x2x1 (v4-8): 4 x TPU v4 (4 chips)" in out
+    assert "mesh {'data': 4, 'fsdp': 1, 'tensor': 1}" in out
+    assert "fits: yes" in out
+    # BERT-tiny's f32 state (params + 2 Adam moments, ~4.4M params) is ~53 MB replicated.
+    arguments = float(re.search(r"arguments\s+([\d.]+) GiB", out).group(1))
+    assert 0.03 < arguments < 0.1
+
+
+@needs_libtpu
+def test_a_config_that_does_not_fit_exits_1():
+    # A million sequences per step: the activations alone need terabytes per chip.
+    result = _aot(
+        "--config=experiments/configs/bert_tiny_cpu.py",
+        "--topology=v5e:2x2",
+        "--config.global_batch_size=1048576",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert "DOES NOT FIT on v5e:2x2" in result.stdout
