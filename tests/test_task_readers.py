@@ -118,6 +118,20 @@ def test_glue_task_bundle_has_the_official_metrics_and_submissions():
     assert stsb.labels is None and stsb.metrics == ("pearson", "spearman")
 
 
+def test_glue_from_tfds_maps_labels_to_the_tsv_label_names():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=6):  # random records with glue/*'s features
+        mnli = glue.read_tfds("mnli", "dev_matched")
+        sst2 = glue.read_tfds("sst2", "train")
+        stsb = glue.read_tfds("stsb", "dev")
+        cola_test = glue.read_tfds("cola", "test")
+    assert len(mnli) == 6 and all(e.text_b is not None for e in mnli)
+    assert {e.label for e in mnli} <= {"contradiction", "entailment", "neutral"}
+    assert {e.label for e in sst2} <= {"0", "1"} and all(e.text_b is None for e in sst2)
+    assert all(isinstance(e.label, float) for e in stsb)
+    assert all(e.label is None for e in cola_test)
+
+
 def test_glue_submission_file(tmp_path):
     path = tmp_path / "RTE.tsv"
     glue.write_submission(str(path), "rte", ["0", "1"], [1, 0])
