@@ -145,17 +145,21 @@ def plan_size(args, size: str) -> list[dict[str, Any]]:
     model = dict(vocab_size=args.vocab, hidden_size=hidden, num_layers=layers, num_heads=heads)
     shape = dict(batch=batch, seq=args.seq, preds=args.preds)
     plans = []
-    for p_index, prng in enumerate(args.ours_prng.split(",") if "ours" in args.peers else []):
+    flag_sets = args.ours_xla_flags.split(";")
+    combos = [(prng, flags) for prng in args.ours_prng.split(",") for flags in flag_sets]
+    for index, (prng, flags) in enumerate(combos if "ours" in args.peers else []):
+        tag = prng + (f",xla{flag_sets.index(flags)}" if len(flag_sets) > 1 else "")
         cases = [
-            dict(name=f"ours[{v},{prng}]", mode=m, dtype=OURS_VARIANTS[v][0],
-                 scan=OURS_VARIANTS[v][1], peer="ours", variant=v, **shape)
+            dict(name=f"ours[{v},{tag}]", mode=m, dtype=OURS_VARIANTS[v][0],
+                 scan=OURS_VARIANTS[v][1], peer="ours", variant=v, xla_flags=flags, **shape)
             for m in args.modes if m != "peak" for v in args.ours_variants.split(",")
         ]
-        if p_index == 0 and "peak" in args.modes:
+        if index == 0 and "peak" in args.modes:
             cases += [dict(name=f"peak[jax,{d}]", mode="matmul", n=args.peak_n, dtype=d,
                            peer="peak") for d in ("float32", "bfloat16")]
-        plans.append(dict(peer="ours", label=f"ours-{prng}", python=sys.executable,
-                          prng_impl=prng, model=model, cases=cases))
+        plans.append(dict(peer="ours", label=f"ours-{tag.replace(',', '-')}",
+                          python=sys.executable, prng_impl=prng, xla_flags=flags, model=model,
+                          cases=cases))
     peer_dtypes = ["float32"] + (["bfloat16"] if args.peer_bf16 else [])
     for peer in ("hf_flax", "torch"):
         if peer not in args.peers:
@@ -166,8 +170,10 @@ def plan_size(args, size: str) -> list[dict[str, Any]]:
             for m in args.modes if m != "peak" for d in peer_dtypes
         ]
         if peer == "torch" and "peak" in args.modes:
-            cases += [dict(name=f"peak[torch,{d}]", mode="matmul", n=args.peak_n, dtype=d,
-                           peer="peak") for d in ("float32", "bfloat16")]
+            # f32 only: torch's bf16 matmul on a CPU without AVX512-BF16/AMX runs at ~1
+            # GFLOP/s here, a minute per timed product at the peak size.
+            cases += [dict(name="peak[torch,float32]", mode="matmul", n=args.peak_n,
+                           dtype="float32", peer="peak")]
         python = sys.executable
         if peer == "hf_flax":
             python = peers.ensure_hf_flax_venv(ROOT, log=logging.info)
@@ -181,7 +187,8 @@ def plan_size(args, size: str) -> list[dict[str, Any]]:
 
 def summarise(times: list[float]) -> dict[str, float]:
     q25, median, q75 = np.percentile(times, [25, 50, 75])
-    return dict(median_s=float(median), q25_s=float(q25), q75_s=float(q75), n=len(times))
+    return dict(median_s=float(median), q25_s=float(q25), q75_s=float(q75),
+                min_s=float(np.min(times)), n=len(times))
 
 
 def run_size(args, size: str, workdir: str) -> dict[str, Any]:
@@ -198,6 +205,8 @@ def run_size(args, size: str, workdir: str) -> dict[str, Any]:
                         prng_impl=plan.get("prng_impl"))
             logging.info("%s: building %s (%d cases)", size, plan["label"], len(plan["cases"]))
             env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+            if plan.get("xla_flags"):
+                env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + plan["xla_flags"]).strip()
             log_path = os.path.join(workdir, f"{size}_{plan['label']}.log")
             worker = Worker(plan["label"], plan["python"], spec, log_path, env)
             logging.info("%s: %s ready in %.0f s, versions %s, first losses %s", size,
@@ -221,6 +230,7 @@ def run_size(args, size: str, workdir: str) -> dict[str, Any]:
     for worker, case in order:
         rec = dict(size=size, case=case["name"], peer=case["peer"], mode=case["mode"],
                    dtype=case["dtype"], versions=worker.info["versions"],
+                   xla_flags=case.get("xla_flags", ""),
                    first_loss=worker.info["first_loss"].get(case["name"]),
                    per_rep_mean_s=per_rep[case["name"]], **summarise(times[case["name"]]))
         if case["mode"] == "matmul":
@@ -282,7 +292,7 @@ def add_mfu(records: list[dict[str, Any]]) -> dict[str, float]:
 def print_report(result: dict[str, Any]) -> None:
     records = result["records"]
     print("\nmatmul peaks (GFLOP/s):", {k: round(v, 1) for k, v in result["peaks"].items()})
-    header = (f"{'size':5} {'case':34} {'median ms':>10} {'IQR ms':>15} {'seq/s':>7} "
+    header = (f"{'size':5} {'case':34} {'median ms':>10} {'IQR ms':>15} {'min ms':>7} {'seq/s':>7} "
               f"{'useful GF/s':>11} {'MFU':>6} {'loss0':>6}")
     print("\n" + header + "\n" + "-" * len(header))
     for r in records:
@@ -290,7 +300,8 @@ def print_report(result: dict[str, Any]) -> None:
             continue
         mfu = f"{100 * r['mfu']:5.1f}%" if "mfu" in r else "   n/a"
         print(f"{r['size']:5} {r['case']:34} {1e3 * r['median_s']:10.1f} "
-              f"{1e3 * r['q25_s']:7.1f}-{1e3 * r['q75_s']:<7.1f} {r['seq_per_s']:7.1f} "
+              f"{1e3 * r['q25_s']:7.1f}-{1e3 * r['q75_s']:<7.1f} {1e3 * r['min_s']:7.1f} "
+              f"{r['seq_per_s']:7.1f} "
               f"{r['useful_gflops']:11.1f} {mfu} {r['first_loss']:6.2f}")
     print("\nspeed-up = peer median / our median (paired: median over repetitions)")
     for r in result["ratios"]:
@@ -318,6 +329,10 @@ def parse_args(argv=None):
     parser.add_argument("--ours_prng", default="threefry2x32",
                         help="comma list of jax PRNG implementations for our dropout "
                              "(threefry2x32, rbg, unsafe_rbg); one worker each")
+    parser.add_argument("--ours_xla_flags", default="",
+                        help="';'-separated XLA_FLAGS sets for our workers, one worker each "
+                             "(e.g. ';--xla_cpu_use_xnnpack=true'; an empty entry = none); "
+                             "cases are tagged xla0, xla1, ... in that order")
     parser.add_argument("--peer_bf16", action="store_true",
                         help="also time the peers in bf16 (HF Flax dtype, torch autocast)")
     parser.add_argument("--batch", type=int, default=0, help="0: 16 for mini, 8 for base")
