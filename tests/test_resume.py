@@ -1,0 +1,284 @@
+"""`experiments.pretrain` survives SIGKILL and SIGTERM: the restarted run ends with the same
+train state and the same per-step metrics as an uninterrupted run; half-written
+checkpoints are never loaded; a non-finite loss stops the run without saving it.
+
+Every run is a real `python -m experiments.pretrain` process on 2 fake CPU devices with
+the state split over a tensor axis. They share a persistent XLA compilation cache, so only
+the first run (the uninterrupted reference) pays for compiling the train step.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+import synthetic_pretraining as synth
+
+from bert_jax import checkpointing
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 30
+CHECKPOINT_EVERY = 5
+RUN = [
+    f"--config.num_train_steps={STEPS}",
+    f"--config.checkpoint_every={CHECKPOINT_EVERY}",
+    "--config.log_every=1",  # one record per step: the records compare step by step
+    # Evaluation reads no state and builds a fresh tf.data pipeline each time (seconds of
+    # CPU per run); the final params already cover what it would compare.
+    "--config.data.eval_files=",
+    "--config.mesh_shape=(1,1,2)",
+]
+# Wall-clock figures, not results: left out when comparing metrics.
+TIMING_KEYS = ("steps_per_second", "sequences_per_second", "tokens_per_second", "mfu")
+RUN_TIMEOUT_S = 480
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("xla_cache")
+    return dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        JAX_COMPILATION_CACHE_DIR=str(cache),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("data")
+    synth.write_records(str(directory), "train", 2, 64, seed=0)
+    synth.write_records(str(directory), "eval", 1, 32, seed=1)
+    return directory
+
+
+def _command(workdir, data_dir, *extra):
+    return [
+        sys.executable,
+        "-m",
+        "experiments.pretrain",
+        "--config=experiments/configs/bert_tiny_cpu.py",
+        f"--workdir={workdir}",
+        *synth.tiny_config_overrides(str(data_dir)),
+        *RUN,
+        *extra,
+    ]
+
+
+def _start(command, env, log_path):
+    log = open(log_path, "w")
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc.log = log
+    return proc
+
+
+def _finish(proc, log_path, expect_rc=0) -> str:
+    """Waits for `proc`; returns its output, failing the test on an unexpected exit code."""
+    try:
+        proc.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.log.close()
+    output = log_path.read_text()
+    if expect_rc is not None and proc.returncode != expect_rc:
+        pytest.fail(f"exit code {proc.returncode}, expected {expect_rc}:\n{output[-4000:]}")
+    return output
+
+
+def _run(command, env, log_path, expect_rc=0) -> str:
+    return _finish(_start(command, env, log_path), log_path, expect_rc)
+
+
+def _wait_for(condition, proc, what: str):
+    """Polls `condition` every 10 ms while `proc` runs; fails if `proc` ends first."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (exit code {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def _step_dirs(workdir) -> tuple[list[int], list[str]]:
+    """(complete checkpoint steps, names of temporary step directories)."""
+    directory = workdir / "checkpoints"
+    names = os.listdir(directory) if directory.exists() else []
+    return sorted(int(n) for n in names if n.isdigit()), [n for n in names if "tmp" in n]
+
+
+def _records(workdir) -> list[dict]:
+    """metrics.jsonl's complete lines (a running writer may be midway through the last)."""
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().split("\n")[:-1]]
+
+
+def _metrics(workdir) -> dict[tuple[str, int], dict[str, float]]:
+    """The last record for each (split, step) of metrics.jsonl, timings left out."""
+    records = {}
+    for record in _records(workdir):
+        key = (record.pop("split"), record.pop("step"))
+        records[key] = {k: v for k, v in record.items() if k not in TIMING_KEYS}
+    return records
+
+
+def _train_steps_logged(workdir) -> list[int]:
+    return [r["step"] for r in _records(workdir) if r["split"] == "train"]
+
+
+def _restore(workdir, step=None):
+    """(state as a dict tree, data positions) of a checkpoint, as it was saved."""
+    manager = checkpointing.make_manager(workdir / "checkpoints", async_save=False)
+    try:
+        state, positions, _ = checkpointing.restore(manager, step, None)
+    finally:
+        manager.close()
+    return state, positions
+
+
+def _assert_same_run(workdir, reference):
+    """Final train state bit for bit, data position, and every step's metrics equal."""
+    assert _step_dirs(workdir)[0][-1] == STEPS
+    state, positions = _restore(workdir)
+    ref_state, ref_positions = _restore(reference)
+    assert positions == ref_positions
+    assert int(state["step"]) == STEPS
+    assert jax.tree.structure(state) == jax.tree.structure(ref_state)
+    for (path, leaf), ref_leaf in zip(
+        jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(ref_state), strict=True
+    ):
+        np.testing.assert_array_equal(
+            np.asarray(leaf), np.asarray(ref_leaf), err_msg=jax.tree_util.keystr(path)
+        )
+    metrics, ref_metrics = _metrics(workdir), _metrics(reference)
+    assert sorted(metrics) == sorted(ref_metrics)
+    for key in ref_metrics:
+        assert metrics[key] == ref_metrics[key], key
+
+
+def _resumed_from(output: str) -> int:
+    found = re.search(r"train state from \S+checkpoints step (\d+)", output)
+    assert found, f"the restart did not resume from its checkpoints:\n{output[-3000:]}"
+    return int(found.group(1))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir, env):
+    """The uninterrupted run (also fills the compilation cache for the others)."""
+    workdir = tmp_path_factory.mktemp("reference")
+    _run(_command(workdir, data_dir), env, workdir.parent / "reference.log")
+    assert (STEPS // CHECKPOINT_EVERY * CHECKPOINT_EVERY) in _step_dirs(workdir)[0]
+    assert ("train", STEPS) in _metrics(workdir)
+    return workdir
+
+
+def test_sigkill_mid_training_then_restart_equals_the_uninterrupted_run(
+    tmp_path, data_dir, env, reference
+):
+    workdir = tmp_path / "run"
+    command = _command(workdir, data_dir)
+    proc = _start(command, env, tmp_path / "killed.log")
+    # First a complete checkpoint, then kill as soon as the next save is under way (while
+    # its temporary directory exists, when the poll sees it in time) or has just landed.
+    _wait_for(lambda: CHECKPOINT_EVERY in _step_dirs(workdir)[0], proc, "the first checkpoint")
+    _wait_for(
+        lambda: _step_dirs(workdir)[1] or len(_step_dirs(workdir)[0]) > 1,
+        proc,
+        "the second save",
+    )
+    proc.send_signal(signal.SIGKILL)
+    _finish(proc, tmp_path / "killed.log", expect_rc=-signal.SIGKILL)
+    complete, interrupted = _step_dirs(workdir)
+    assert complete and complete[-1] < STEPS, complete
+    # When the kill landed mid-save, that save's temporary directory is for a later step.
+    assert all(int(name.split(".")[0]) > complete[-1] for name in interrupted), interrupted
+
+    # Also leave a later step half-written: a copy of the last checkpoint, renamed as Orbax
+    # names a save in progress, with its state arrays missing. Loading it would fail.
+    last = complete[-1]
+    fake = workdir / "checkpoints" / f"{last + 3}.orbax-checkpoint-tmp"
+    shutil.copytree(workdir / "checkpoints" / str(last), fake, dirs_exist_ok=True)
+    for entry in (fake / "state").iterdir():
+        if entry.name not in ("_METADATA", "_sharding"):
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    manager = checkpointing.make_manager(workdir / "checkpoints", async_save=False)
+    assert manager.latest_step() == last  # Orbax lists complete steps only
+    manager.close()
+    logged_before = max(_train_steps_logged(workdir))
+    assert logged_before >= last
+
+    output = _run(command, env, tmp_path / "restarted.log")
+    assert _resumed_from(output) == last
+    assert fake.name in os.listdir(workdir / "checkpoints")  # it was there, and ignored
+    # The restart repeated exactly the steps the killed run had done after `last`.
+    logged = _train_steps_logged(workdir)
+    assert all(logged.count(s) == 1 for s in range(1, last + 1))
+    assert all(logged.count(s) == 2 for s in range(last + 1, logged_before + 1))
+    _assert_same_run(workdir, reference)
+
+
+def test_sigterm_saves_at_the_current_step_exits_0_and_resumes_exactly(
+    tmp_path, data_dir, env, reference
+):
+    workdir = tmp_path / "run"
+    # No periodic checkpoints: any checkpoint on disk is the one SIGTERM asked for.
+    command = _command(workdir, data_dir, "--config.checkpoint_every=1000")
+    proc = _start(command, env, tmp_path / "terminated.log")
+
+    _wait_for(lambda: max(_train_steps_logged(workdir), default=0) >= 3, proc, "step 3")
+    proc.send_signal(signal.SIGTERM)
+    output = _finish(proc, tmp_path / "terminated.log", expect_rc=0)
+    found = re.search(r"stopped by SIGTERM after step (\d+)", output)
+    assert found, output[-3000:]
+    stopped = int(found.group(1))
+    assert 3 <= stopped < STEPS
+    assert _step_dirs(workdir) == ([stopped], [])
+    assert _train_steps_logged(workdir)[-1] == stopped
+    state, _ = _restore(workdir)
+    assert int(state["step"]) == stopped
+
+    output = _run(command, env, tmp_path / "restarted.log")
+    assert _resumed_from(output) == stopped
+    _assert_same_run(workdir, reference)
+
+
+def test_non_finite_loss_stops_the_run_and_keeps_only_finite_checkpoints(
+    tmp_path, data_dir, env, reference
+):
+    del reference  # only for its compilation cache
+    workdir = tmp_path / "run"
+    # Warmup makes step 1's rate 0 and step 2's 5e29: the params explode after step 2.
+    command = _command(
+        workdir, data_dir, "--config.optimizer.learning_rate=1e30", "--config.checkpoint_every=1"
+    )
+    output = _run(command, env, tmp_path / "diverged.log", expect_rc=1)
+    found = re.search(
+        r"FloatingPointError: non-finite loss \S+ at step (\d+); the last good checkpoint is "
+        r"step (\d+) in (\S+)",
+        output,
+    )
+    assert found, output[-3000:]
+    bad_step, good_step = int(found.group(1)), int(found.group(2))
+    assert found.group(3).rstrip("/") == str(workdir / "checkpoints")
+    complete, _ = _step_dirs(workdir)
+    assert complete and complete[-1] == good_step < bad_step
+    assert max(_train_steps_logged(workdir)) < bad_step
+    for step in complete:
+        state, _ = _restore(workdir, step)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+            assert np.isfinite(np.asarray(leaf)).all(), (step, jax.tree_util.keystr(path))
