@@ -26,12 +26,15 @@ from absl import logging
 _ITEMS = ("state", "data", "config")
 
 
-def make_manager(directory: str, *, max_to_keep: int = 3, async_save: bool = True):
-    """A `CheckpointManager` for `directory` (local or `gs://`)."""
+def make_manager(
+    directory: str, *, max_to_keep: int = 3, async_save: bool = True, create: bool = True
+):
+    """A `CheckpointManager` for `directory` (local or `gs://`); `create=False` to only read."""
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
         enable_async_checkpointing=async_save,
-        create=True,
+        create=create,
+        read_only=not create,
     )
     return ocp.CheckpointManager(os.fspath(directory), options=options, item_names=_ITEMS)
 
@@ -73,7 +76,9 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
     A partial restore: the optimizer state on disk is never read, so a checkpoint made
     with another optimizer (or none) initialises a new run.
     """
-    manager = make_manager(directory, async_save=False)
+    if not tf_io_isdir(directory):
+        raise FileNotFoundError(f"{directory} is not a checkpoint directory")
+    manager = make_manager(directory, async_save=False, create=False)
     step = manager.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"no complete checkpoint in {directory}")
@@ -91,8 +96,10 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
 
 def is_checkpoint_dir(path: str) -> bool:
     """True when `path` holds this project's train-state checkpoints."""
+    if not tf_io_isdir(path):
+        return False
     try:
-        return make_manager(path, async_save=False).latest_step() is not None
+        return make_manager(path, async_save=False, create=False).latest_step() is not None
     except (OSError, ValueError):
         return False
 
@@ -127,6 +134,16 @@ class PreemptionWatcher:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+
+
+def tf_io_isdir(path: str) -> bool:
+    """`os.path.isdir` that also understands `gs://` (through TensorFlow's file system)."""
+    path = os.fspath(path)
+    if "://" not in path:
+        return os.path.isdir(path)
+    import tensorflow as tf
+
+    return tf.io.gfile.isdir(path)
 
 
 def config_to_json(config) -> dict:

@@ -345,11 +345,13 @@ def _flush(pending, writer, timer, step, flops, peak, config, manager) -> dict[s
     """Fetches the pending metrics, stops on a non-finite loss, writes the averages."""
     fetched = jax.device_get([m for _, m in pending])
     for (s, _), m in zip(pending, fetched):
-        if not np.isfinite(m["loss"]):
+        # A finite loss can hide NaN params (e.g. Adam's 0/0 on a never-used weight).
+        bad = [k for k in ("loss", "grad_norm", "param_norm") if not np.isfinite(m[k])]
+        if bad:
             manager.wait_until_finished()
             raise FloatingPointError(
-                f"non-finite loss {m['loss']} at step {s}; the last good checkpoint is step "
-                f"{manager.latest_step()} in {manager.directory}"
+                f"non-finite {', '.join(f'{k} {m[k]}' for k in bad)} at step {s}; the last "
+                f"good checkpoint is step {manager.latest_step()} in {manager.directory}"
             )
     elapsed = time.perf_counter() - timer[0]
     steps = step - timer[1]

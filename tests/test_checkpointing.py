@@ -195,11 +195,6 @@ def test_is_checkpoint_dir(checkpoints, tmp_path):
     manager.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="is_checkpoint_dir builds a CheckpointManager with create=True, which makes the "
-    "directory it was asked about (e.g. an empty `bert_model.ckpt/` beside a TF checkpoint)",
-)
 def test_is_checkpoint_dir_leaves_the_filesystem_alone(tmp_path):
     prefix = tmp_path / "bert_model.ckpt"  # a Google TF checkpoint prefix, not a directory
     (tmp_path / "bert_model.ckpt.index").write_bytes(b"")

@@ -268,7 +268,8 @@ def test_non_finite_loss_stops_the_run_and_keeps_only_finite_checkpoints(
     )
     output = _run(command, env, tmp_path / "diverged.log", expect_rc=1)
     found = re.search(
-        r"FloatingPointError: non-finite loss \S+ at step (\d+); the last good checkpoint is "
+        r"FloatingPointError: non-finite (?:loss|grad_norm|param_norm) .*? at step (\d+); "
+        r"the last good checkpoint is "
         r"step (\d+) in (\S+)",
         output,
     )
