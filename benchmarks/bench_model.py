@@ -66,9 +66,12 @@ def make_inputs(batch: int, seq: int, preds: int, vocab: int, seed: int) -> dict
     ids[np.arange(batch), split] = 102  # [SEP] after segment A
     ids[:, -1] = 102
     segment = (np.arange(seq)[None, :] > split[:, None]).astype(np.int32)
-    positions = np.stack([
-        np.sort(rng.choice(np.arange(1, seq - 1), size=preds, replace=False)) for _ in range(batch)
-    ]).astype(np.int32)
+    positions = np.stack(
+        [
+            np.sort(rng.choice(np.arange(1, seq - 1), size=preds, replace=False))
+            for _ in range(batch)
+        ]
+    ).astype(np.int32)
     return {
         "input_ids": ids,
         "input_mask": np.ones((batch, seq), np.int32),
@@ -150,30 +153,65 @@ def plan_size(args, size: str) -> list[dict[str, Any]]:
     for index, (prng, flags) in enumerate(combos if "ours" in args.peers else []):
         tag = prng + (f",xla{flag_sets.index(flags)}" if len(flag_sets) > 1 else "")
         cases = [
-            dict(name=f"ours[{v},{tag}]", mode=m, dtype=OURS_VARIANTS[v][0],
-                 scan=OURS_VARIANTS[v][1], peer="ours", variant=v, xla_flags=flags, **shape)
-            for m in args.modes if m != "peak" for v in args.ours_variants.split(",")
+            dict(
+                name=f"ours[{v},{tag}]",
+                mode=m,
+                dtype=OURS_VARIANTS[v][0],
+                scan=OURS_VARIANTS[v][1],
+                peer="ours",
+                variant=v,
+                xla_flags=flags,
+                **shape,
+            )
+            for m in args.modes
+            if m != "peak"
+            for v in args.ours_variants.split(",")
         ]
         if index == 0 and "peak" in args.modes:
-            cases += [dict(name=f"peak[jax,{d}]", mode="matmul", n=args.peak_n, dtype=d,
-                           peer="peak") for d in ("float32", "bfloat16")]
-        plans.append(dict(peer="ours", label=f"ours-{tag.replace(',', '-')}",
-                          python=sys.executable, prng_impl=prng, xla_flags=flags, model=model,
-                          cases=cases))
+            cases += [
+                dict(name=f"peak[jax,{d}]", mode="matmul", n=args.peak_n, dtype=d, peer="peak")
+                for d in ("float32", "bfloat16")
+            ]
+        plans.append(
+            dict(
+                peer="ours",
+                label=f"ours-{tag.replace(',', '-')}",
+                python=sys.executable,
+                prng_impl=prng,
+                xla_flags=flags,
+                model=model,
+                cases=cases,
+            )
+        )
     peer_dtypes = ["float32"] + (["bfloat16"] if args.peer_bf16 else [])
     for peer in ("hf_flax", "torch"):
         if peer not in args.peers:
             continue
         cases = [
-            dict(name=f"{peer}[{'f32' if d == 'float32' else 'bf16'}]", mode=m, dtype=d,
-                 peer=peer, variant=d, **shape)
-            for m in args.modes if m != "peak" for d in peer_dtypes
+            dict(
+                name=f"{peer}[{'f32' if d == 'float32' else 'bf16'}]",
+                mode=m,
+                dtype=d,
+                peer=peer,
+                variant=d,
+                **shape,
+            )
+            for m in args.modes
+            if m != "peak"
+            for d in peer_dtypes
         ]
         if peer == "torch" and "peak" in args.modes:
             # f32 only: torch's bf16 matmul on a CPU without AVX512-BF16/AMX runs at ~1
             # GFLOP/s here, a minute per timed product at the peak size.
-            cases += [dict(name="peak[torch,float32]", mode="matmul", n=args.peak_n,
-                           dtype="float32", peer="peak")]
+            cases += [
+                dict(
+                    name="peak[torch,float32]",
+                    mode="matmul",
+                    n=args.peak_n,
+                    dtype="float32",
+                    peer="peak",
+                )
+            ]
         python = sys.executable
         if peer == "hf_flax":
             python = peers.ensure_hf_flax_venv(ROOT, log=logging.info)
@@ -187,8 +225,13 @@ def plan_size(args, size: str) -> list[dict[str, Any]]:
 
 def summarise(times: list[float]) -> dict[str, float]:
     q25, median, q75 = np.percentile(times, [25, 50, 75])
-    return dict(median_s=float(median), q25_s=float(q25), q75_s=float(q75),
-                min_s=float(np.min(times)), n=len(times))
+    return dict(
+        median_s=float(median),
+        q25_s=float(q25),
+        q75_s=float(q75),
+        min_s=float(np.min(times)),
+        n=len(times),
+    )
 
 
 def run_size(args, size: str, workdir: str) -> dict[str, Any]:
@@ -200,18 +243,29 @@ def run_size(args, size: str, workdir: str) -> dict[str, Any]:
     workers, order = [], []
     try:
         for plan in plan_size(args, size):
-            spec = dict(peer=plan["peer"], inputs=inputs_path, model=plan["model"],
-                        cases=plan["cases"], warmup=args.warmup, lr=1e-4,
-                        prng_impl=plan.get("prng_impl"))
+            spec = dict(
+                peer=plan["peer"],
+                inputs=inputs_path,
+                model=plan["model"],
+                cases=plan["cases"],
+                warmup=args.warmup,
+                lr=1e-4,
+                prng_impl=plan.get("prng_impl"),
+            )
             logging.info("%s: building %s (%d cases)", size, plan["label"], len(plan["cases"]))
             env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
             if plan.get("xla_flags"):
                 env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + plan["xla_flags"]).strip()
             log_path = os.path.join(workdir, f"{size}_{plan['label']}.log")
             worker = Worker(plan["label"], plan["python"], spec, log_path, env)
-            logging.info("%s: %s ready in %.0f s, versions %s, first losses %s", size,
-                         plan["label"], worker.info["build_s"], worker.info["versions"],
-                         worker.info["first_loss"])
+            logging.info(
+                "%s: %s ready in %.0f s, versions %s, first losses %s",
+                size,
+                plan["label"],
+                worker.info["build_s"],
+                worker.info["versions"],
+                worker.info["first_loss"],
+            )
             workers.append((worker, plan))
             order += [(worker, case) for case in plan["cases"]]
         times = {case["name"]: [] for _, case in order}
@@ -228,20 +282,36 @@ def run_size(args, size: str, workdir: str) -> dict[str, Any]:
             worker.close()
     records = []
     for worker, case in order:
-        rec = dict(size=size, case=case["name"], peer=case["peer"], mode=case["mode"],
-                   dtype=case["dtype"], versions=worker.info["versions"],
-                   xla_flags=case.get("xla_flags", ""),
-                   first_loss=worker.info["first_loss"].get(case["name"]),
-                   per_rep_mean_s=per_rep[case["name"]], **summarise(times[case["name"]]))
+        rec = dict(
+            size=size,
+            case=case["name"],
+            peer=case["peer"],
+            mode=case["mode"],
+            dtype=case["dtype"],
+            versions=worker.info["versions"],
+            xla_flags=case.get("xla_flags", ""),
+            first_loss=worker.info["first_loss"].get(case["name"]),
+            per_rep_mean_s=per_rep[case["name"]],
+            **summarise(times[case["name"]]),
+        )
         if case["mode"] == "matmul":
             rec["gflops"] = 2 * case["n"] ** 3 / rec["median_s"] / 1e9
         else:
-            rec.update(variant=case["variant"], batch=batch, seq=args.seq, preds=args.preds,
-                       scan=case.get("scan"))
-            rec["useful_flops"] = train_flops(layers, hidden, args.vocab, batch, args.seq,
-                                              batch * args.preds)
-            rec["executed_flops"] = rec["useful_flops"] if case["peer"] == "ours" else (
-                train_flops(layers, hidden, args.vocab, batch, args.seq, batch * args.seq))
+            rec.update(
+                variant=case["variant"],
+                batch=batch,
+                seq=args.seq,
+                preds=args.preds,
+                scan=case.get("scan"),
+            )
+            rec["useful_flops"] = train_flops(
+                layers, hidden, args.vocab, batch, args.seq, batch * args.preds
+            )
+            rec["executed_flops"] = (
+                rec["useful_flops"]
+                if case["peer"] == "ours"
+                else (train_flops(layers, hidden, args.vocab, batch, args.seq, batch * args.seq))
+            )
             rec["seq_per_s"] = batch / rec["median_s"]
             rec["useful_gflops"] = rec["useful_flops"] / rec["median_s"] / 1e9
         records.append(rec)
@@ -256,9 +326,16 @@ def ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if (other["size"], other["mode"]) != (ours["size"], ours["mode"]):
                 continue
             paired = np.median(np.array(other["per_rep_mean_s"]) / np.array(ours["per_rep_mean_s"]))
-            out.append(dict(size=ours["size"], mode=ours["mode"], ours=ours["case"],
-                            peer=other["case"], speedup=other["median_s"] / ours["median_s"],
-                            paired_speedup=float(paired)))
+            out.append(
+                dict(
+                    size=ours["size"],
+                    mode=ours["mode"],
+                    ours=ours["case"],
+                    peer=other["case"],
+                    speedup=other["median_s"] / ours["median_s"],
+                    paired_speedup=float(paired),
+                )
+            )
     return out
 
 
@@ -273,8 +350,15 @@ def headline(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         best = min(ours, key=lambda r: r["median_s"])
         peer = min(others, key=lambda r: r["median_s"])
-        out.append(dict(size=key[0], mode=key[1], ours=best["case"], faster_peer=peer["case"],
-                        speedup=peer["median_s"] / best["median_s"]))
+        out.append(
+            dict(
+                size=key[0],
+                mode=key[1],
+                ours=best["case"],
+                faster_peer=peer["case"],
+                speedup=peer["median_s"] / best["median_s"],
+            )
+        )
     return out
 
 
@@ -292,25 +376,33 @@ def add_mfu(records: list[dict[str, Any]]) -> dict[str, float]:
 def print_report(result: dict[str, Any]) -> None:
     records = result["records"]
     print("\nmatmul peaks (GFLOP/s):", {k: round(v, 1) for k, v in result["peaks"].items()})
-    header = (f"{'size':5} {'case':34} {'median ms':>10} {'IQR ms':>15} {'min ms':>7} {'seq/s':>7} "
-              f"{'useful GF/s':>11} {'MFU':>6} {'loss0':>6}")
+    header = (
+        f"{'size':5} {'case':34} {'median ms':>10} {'IQR ms':>15} {'min ms':>7} {'seq/s':>7} "
+        f"{'useful GF/s':>11} {'MFU':>6} {'loss0':>6}"
+    )
     print("\n" + header + "\n" + "-" * len(header))
     for r in records:
         if r["mode"] == "matmul":
             continue
         mfu = f"{100 * r['mfu']:5.1f}%" if "mfu" in r else "   n/a"
-        print(f"{r['size']:5} {r['case']:34} {1e3 * r['median_s']:10.1f} "
-              f"{1e3 * r['q25_s']:7.1f}-{1e3 * r['q75_s']:<7.1f} {1e3 * r['min_s']:7.1f} "
-              f"{r['seq_per_s']:7.1f} "
-              f"{r['useful_gflops']:11.1f} {mfu} {r['first_loss']:6.2f}")
+        print(
+            f"{r['size']:5} {r['case']:34} {1e3 * r['median_s']:10.1f} "
+            f"{1e3 * r['q25_s']:7.1f}-{1e3 * r['q75_s']:<7.1f} {1e3 * r['min_s']:7.1f} "
+            f"{r['seq_per_s']:7.1f} "
+            f"{r['useful_gflops']:11.1f} {mfu} {r['first_loss']:6.2f}"
+        )
     print("\nspeed-up = peer median / our median (paired: median over repetitions)")
     for r in result["ratios"]:
-        print(f"{r['size']:5} {r['ours']:34} vs {r['peer']:22} {r['speedup']:5.2f}x "
-              f"(paired {r['paired_speedup']:5.2f}x)")
+        print(
+            f"{r['size']:5} {r['ours']:34} vs {r['peer']:22} {r['speedup']:5.2f}x "
+            f"(paired {r['paired_speedup']:5.2f}x)"
+        )
     print("\nheadline: our fastest configuration vs the faster peer")
     for h in result["headline"]:
-        print(f"{h['size']:5} {h['mode']:7} {h['ours']:34} vs {h['faster_peer']:22} "
-              f"{h['speedup']:5.2f}x")
+        print(
+            f"{h['size']:5} {h['mode']:7} {h['ours']:34} vs {h['faster_peer']:22} "
+            f"{h['speedup']:5.2f}x"
+        )
 
 
 def parse_args(argv=None):
@@ -321,20 +413,33 @@ def parse_args(argv=None):
         epilog=__doc__.split("Examples:")[1],
     )
     parser.add_argument("--sizes", default="mini", help=f"comma list of {sorted(SIZES)}")
-    parser.add_argument("--modes", default="fwdbwd,train,peak",
-                        help="comma list of fwdbwd, train, peak")
+    parser.add_argument(
+        "--modes", default="fwdbwd,train,peak", help="comma list of fwdbwd, train, peak"
+    )
     parser.add_argument("--peers", default="ours,hf_flax,torch", help="comma list of peers")
-    parser.add_argument("--ours_variants", default="f32,bf16,f32_scan,bf16_scan",
-                        help=f"comma list of {list(OURS_VARIANTS)}")
-    parser.add_argument("--ours_prng", default="threefry2x32",
-                        help="comma list of jax PRNG implementations for our dropout "
-                             "(threefry2x32, rbg, unsafe_rbg); one worker each")
-    parser.add_argument("--ours_xla_flags", default="",
-                        help="';'-separated XLA_FLAGS sets for our workers, one worker each "
-                             "(e.g. ';--xla_cpu_use_xnnpack=true'; an empty entry = none); "
-                             "cases are tagged xla0, xla1, ... in that order")
-    parser.add_argument("--peer_bf16", action="store_true",
-                        help="also time the peers in bf16 (HF Flax dtype, torch autocast)")
+    parser.add_argument(
+        "--ours_variants",
+        default="f32,bf16,f32_scan,bf16_scan",
+        help=f"comma list of {list(OURS_VARIANTS)}",
+    )
+    parser.add_argument(
+        "--ours_prng",
+        default="threefry2x32",
+        help="comma list of jax PRNG implementations for our dropout "
+        "(threefry2x32, rbg, unsafe_rbg); one worker each",
+    )
+    parser.add_argument(
+        "--ours_xla_flags",
+        default="",
+        help="';'-separated XLA_FLAGS sets for our workers, one worker each "
+        "(e.g. ';--xla_cpu_use_xnnpack=true'; an empty entry = none); "
+        "cases are tagged xla0, xla1, ... in that order",
+    )
+    parser.add_argument(
+        "--peer_bf16",
+        action="store_true",
+        help="also time the peers in bf16 (HF Flax dtype, torch autocast)",
+    )
     parser.add_argument("--batch", type=int, default=0, help="0: 16 for mini, 8 for base")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--preds", type=int, default=20, help="masked positions per sequence")
@@ -347,9 +452,12 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output_json", default="", help="write every figure here")
     args = parser.parse_args(argv)
-    for name, allowed in (("sizes", SIZES), ("ours_variants", OURS_VARIANTS),
-                          ("modes", ("fwdbwd", "train", "peak")),
-                          ("peers", ("ours", "hf_flax", "torch"))):
+    for name, allowed in (
+        ("sizes", SIZES),
+        ("ours_variants", OURS_VARIANTS),
+        ("modes", ("fwdbwd", "train", "peak")),
+        ("peers", ("ours", "hf_flax", "torch")),
+    ):
         values = getattr(args, name).split(",")
         bad = [v for v in values if v not in allowed]
         if bad:
@@ -363,10 +471,16 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     result: dict[str, Any] = dict(
-        argv=sys.argv, started=time.strftime("%Y-%m-%d %H:%M:%S"),
-        machine=dict(platform=platform.platform(), cpus=os.cpu_count(),
-                     cpu=_cpu_name(), load_before=os.getloadavg()),
-        hf_flax_pins=list(peers.HF_FLAX_PINS), records=[],
+        argv=sys.argv,
+        started=time.strftime("%Y-%m-%d %H:%M:%S"),
+        machine=dict(
+            platform=platform.platform(),
+            cpus=os.cpu_count(),
+            cpu=_cpu_name(),
+            load_before=os.getloadavg(),
+        ),
+        hf_flax_pins=list(peers.HF_FLAX_PINS),
+        records=[],
     )
     with tempfile.TemporaryDirectory(prefix="bench_model_") as workdir:
         for size in args.sizes.split(","):

@@ -17,7 +17,8 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -76,9 +77,8 @@ def mlm_labels(inputs: dict[str, np.ndarray]) -> np.ndarray:
     labels = np.full(ids.shape, -100, dtype=np.int64)
     rows = np.arange(ids.shape[0])[:, None]
     real = inputs["masked_lm_weights"] > 0
-    labels[np.broadcast_to(rows, real.shape)[real], inputs["masked_lm_positions"][real]] = (
-        inputs["masked_lm_ids"][real]
-    )
+    row_index = np.broadcast_to(rows, real.shape)[real]
+    labels[row_index, inputs["masked_lm_positions"][real]] = inputs["masked_lm_ids"][real]
     return labels
 
 
@@ -133,8 +133,9 @@ class _JaxCases:
                 return loss, grads
 
         elif mode == "train":
-            tx = optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
-                             mask=_jax_decay_mask)
+            tx = optax.adamw(
+                lr, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=_jax_decay_mask
+            )
 
             def train_step(state, batch, rng):
                 p, opt_state = state
@@ -361,12 +362,17 @@ class TorchRunner:
                 named = list(model.named_parameters())
                 groups = [
                     {"params": [p for n, p in named if decays(n.split("."))], "weight_decay": 0.01},
-                    {"params": [p for n, p in named if not decays(n.split("."))],
-                     "weight_decay": 0.0},
+                    {
+                        "params": [p for n, p in named if not decays(n.split("."))],
+                        "weight_decay": 0.0,
+                    },
                 ]
                 # fused=True is torch's fastest AdamW on CPU (one kernel over all tensors).
                 optimizer = torch.optim.AdamW(
-                    groups, lr=spec["lr"], betas=(0.9, 0.999), eps=1e-6,
+                    groups,
+                    lr=spec["lr"],
+                    betas=(0.9, 0.999),
+                    eps=1e-6,
                     fused=case.get("fused", True),
                 )
 
@@ -415,12 +421,17 @@ def worker_main(spec_json: str) -> None:
     runner = RUNNERS[spec["peer"]](spec, inputs)
     for case in spec["cases"]:  # warm-up, excluded from every figure
         runner.run(case["name"], spec["warmup"])
-    proto.write(json.dumps({
-        "ready": True,
-        "build_s": time.perf_counter() - start,
-        "versions": runner.versions,
-        "first_loss": runner.first_loss,
-    }) + "\n")
+    proto.write(
+        json.dumps(
+            {
+                "ready": True,
+                "build_s": time.perf_counter() - start,
+                "versions": runner.versions,
+                "first_loss": runner.first_loss,
+            }
+        )
+        + "\n"
+    )
     for line in sys.stdin:
         command = json.loads(line)
         if command.get("quit"):
