@@ -31,11 +31,14 @@ TPU_DATA_DIR ?= $(BUCKET)/wikibooks
 TPU_CONFIG_ARG = $(CONFIG)$(if $(PHASE),:$(PHASE))
 TPU_TARBALL ?= /tmp/bert_jax-$(TPU_NAME).tar.gz
 
-# Fine-tuning from a pretraining run's workdir (phase 2 by default).
+# Fine-tuning from a pretraining run's workdir (phase 2 by default). The fine-tuning
+# scripts read and write local files, so the run's checkpoints and the vocab are copied
+# to each worker first, and results stay on the worker, under ~/bert_jax.
 FINETUNE_SCRIPT ?= experiments.finetune_classification
 FINETUNE_CONFIG ?= experiments/configs/finetune_glue.py:mrpc
 INIT_FROM ?= $(BUCKET)/runs/$(basename $(notdir $(CONFIG)))_phase2
-FINETUNE_WORKDIR ?= $(BUCKET)/finetune/$(subst :,_,$(basename $(notdir $(FINETUNE_CONFIG))))
+FINETUNE_WORKDIR ?= finetune_runs/$(basename $(subst .py:,_,$(notdir $(FINETUNE_CONFIG))))
+TPU_PRETRAINED = pretrained/$(notdir $(INIT_FROM))
 
 # Pretraining data (tpu-data runs tpu-data-local on worker 0). BookCorpus is no longer
 # distributed; PG-19 (public-domain books) stands in for it.
@@ -73,11 +76,17 @@ TPU_DATA_VARS = BUCKET=$(BUCKET) WIKI_TFDS=$(WIKI_TFDS) BOOKS_TFDS=$(BOOKS_TFDS)
 	TRAIN_SHARDS=$(TRAIN_SHARDS)
 TPU_PRETRAIN_CMD = .venv/bin/python -m experiments.pretrain --config=$(TPU_CONFIG_ARG) \
 	--config.bucket=$(BUCKET) --workdir=$(TPU_WORKDIR) --distributed $(ARGS)
+TPU_FETCH_PRETRAINED = mkdir -p $(TPU_PRETRAINED)/checkpoints \
+	&& gcloud storage rsync --recursive $(INIT_FROM)/checkpoints $(TPU_PRETRAINED)/checkpoints \
+	&& gcloud storage cp $(TPU_DATA_DIR)/vocab.txt $(TPU_PRETRAINED)/
 TPU_FINETUNE_CMD = .venv/bin/python -m $(FINETUNE_SCRIPT) --config=$(FINETUNE_CONFIG) \
-	--config.init_from=$(INIT_FROM) --workdir=$(FINETUNE_WORKDIR) $(ARGS)
-# $(1): command run in ~/bert_jax on every worker; $(2): log name. Detached unless FOREGROUND=1.
-tpu_on_workers = $(if $(filter 1,$(FOREGROUND)),cd ~/bert_jax && $(1),mkdir -p ~/logs \
-	&& cd ~/bert_jax && nohup $(1) > ~/logs/$(2).log 2>&1 < /dev/null &)
+	--config.init_from=$(TPU_PRETRAINED) --config.vocab_file=$(TPU_PRETRAINED)/vocab.txt \
+	--workdir=$(FINETUNE_WORKDIR) $(ARGS)
+TPU_FINETUNE_REMOTE = $(call tpu_on_workers,$(TPU_FINETUNE_CMD),finetune,$(TPU_FETCH_PRETRAINED))
+# In ~/bert_jax on every worker: $(3) (optional, first), then $(1), logging to
+# ~/logs/$(2).log and detached, unless FOREGROUND=1.
+tpu_on_workers = cd ~/bert_jax && $(if $(3),$(3) && )$(if $(filter 1,$(FOREGROUND)),$(1),mkdir \
+	-p ~/logs && nohup $(1) > ~/logs/$(2).log 2>&1 < /dev/null &)
 
 TPU_TARGETS = tpu-create tpu-setup tpu-data tpu-data-local tpu-pretrain tpu-finetune tpu-ssh \
 	tpu-logs tpu-delete tpu-qr-create tpu-qr-status tpu-qr-delete tpu-spot-pretrain aot-check
@@ -125,8 +134,8 @@ tpu-data-local:  ## (runs where invoked) the records of tpu-data, then a copy in
 tpu-pretrain:  ## run CONFIG:PHASE on every worker (resumes from TPU_WORKDIR if it has checkpoints)
 	$(TPU_SSH) --worker=all --command="$(call tpu_on_workers,$(TPU_PRETRAIN_CMD),$(TPU_RUN_NAME))"
 
-tpu-finetune:  ## fine-tune FINETUNE_CONFIG from INIT_FROM (use a single-host slice, e.g. v3-8)
-	$(TPU_SSH) --worker=all --command="$(call tpu_on_workers,$(TPU_FINETUNE_CMD),finetune)"
+tpu-finetune:  ## fine-tune FINETUNE_CONFIG from the run INIT_FROM (single-host slice, e.g. v3-8)
+	$(TPU_SSH) --worker=all --command="$(TPU_FINETUNE_REMOTE)"
 
 tpu-ssh:  ## an interactive shell on worker 0
 	$(TPU_SSH) --worker=0

@@ -88,9 +88,14 @@ def eval_peak_bytes(train: MemoryUse, evaluate: MemoryUse) -> int:
     )
 
 
-def fits(peak_bytes: int, hbm_bytes: int) -> bool:
-    """Whether a program needing `peak_bytes` per device fits in `hbm_bytes`."""
-    return peak_bytes <= hbm_bytes
+# The TPU runtime keeps part of HBM for itself: the compiler counts 15.48 GiB usable on a
+# 16 GiB v3 core and 15.75 GiB on a v5e chip. A plan must leave at least this fraction.
+HBM_HEADROOM = 0.035
+
+
+def fits(peak_bytes: int, hbm_bytes: int, headroom: float = HBM_HEADROOM) -> bool:
+    """Whether a program needing `peak_bytes` per device fits in `hbm_bytes` less headroom."""
+    return peak_bytes <= hbm_bytes * (1 - headroom)
 
 
 def projected_seconds(
@@ -215,7 +220,8 @@ class FitReport:
             f"  generated code   {gib(t.generated_code)}  {gib(e.generated_code)}",
             f"  total            {gib(t.total)}  {gib(self.eval_peak)} (with the train state)",
             f"  fits: {'yes' if self.fits else 'NO'} "
-            f"({100 * max(t.total, self.eval_peak) / self.hbm_bytes:.0f}% of HBM)",
+            f"({100 * max(t.total, self.eval_peak) / self.hbm_bytes:.0f}% of HBM; at most "
+            f"{100 * (1 - HBM_HEADROOM):.1f}% is usable)",
             f"model FLOPs per step  {self.flops_per_step:.4g} (analytic: 6 x params-in-matmuls "
             f"x tokens + attention)",
             f"projected at MFU {mfu:.0%}: {step_seconds * 1e3:.1f} ms/step, {self.steps:,} steps "
@@ -340,9 +346,11 @@ def run(config, topology: str | None, mfu: float, usd_per_chip_hour: float | Non
     print(report.format(mfu, usd_per_chip_hour))
     if not report.fits:
         needed = max(report.train.total, report.eval_peak)
+        usable = report.hbm_bytes * (1 - HBM_HEADROOM)
         print(
             f"DOES NOT FIT on {topology}: needs {needed / GiB:.2f} GiB per device, "
-            f"a {report.device_kind} device has {report.hbm_bytes / GiB:.0f} GiB"
+            f"a {report.device_kind} device has {report.hbm_bytes / GiB:.0f} GiB of HBM, "
+            f"{usable / GiB:.2f} GiB usable"
         )
         return 1
     return 0

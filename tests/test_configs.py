@@ -264,6 +264,7 @@ def test_tpu_paths_live_in_the_bucket_and_follow_it(name):
         assert config.data.vocab_file == "v" and config.data.train_files.startswith("gs://b/")
 
 
+@pytest.mark.slow  # two short training runs: about a minute of CPU
 def test_tpu_layout_runs_phase_1_then_phase_2_on_a_local_bucket(tmp_path):
     """bert_base_paper's storage layout end to end, shrunk to a tiny model and 4 steps."""
     bucket = str(tmp_path / "bucket")

@@ -150,13 +150,23 @@ def test_finetune_starts_from_the_phase_2_run():
         CONFIG="experiments/configs/bert_base_paper.py",
         FINETUNE_CONFIG="experiments/configs/finetune_glue.py:mrpc",
     )
-    remote = shlex.split(_ssh(ssh, "all"))
+    remote = _ssh(ssh, "all")
+    # The fine-tuning scripts read local files: the run's checkpoints and vocab come first.
+    fetch = (
+        "mkdir -p pretrained/bert_base_paper_phase2/checkpoints && gcloud storage rsync "
+        "--recursive gs://bkt/runs/bert_base_paper_phase2/checkpoints "
+        "pretrained/bert_base_paper_phase2/checkpoints && gcloud storage cp "
+        "gs://bkt/wikibooks/vocab.txt pretrained/bert_base_paper_phase2/"
+    )
+    assert remote.startswith(f"cd ~/bert_jax && {fetch} && ")
+    remote = shlex.split(remote)
     start = remote.index(".venv/bin/python")
-    assert remote[start : start + 6] == argv(
+    assert remote[start : start + 7] == argv(
         ".venv/bin/python -m experiments.finetune_classification "
         "--config=experiments/configs/finetune_glue.py:mrpc "
-        "--config.init_from=gs://bkt/runs/bert_base_paper_phase2 "
-        "--workdir=gs://bkt/finetune/finetune_glue"
+        "--config.init_from=pretrained/bert_base_paper_phase2 "
+        "--config.vocab_file=pretrained/bert_base_paper_phase2/vocab.txt "
+        "--workdir=finetune_runs/finetune_glue_mrpc"
     )
 
 

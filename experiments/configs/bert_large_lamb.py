@@ -10,7 +10,10 @@ Phase 2 re-warms its own schedule, so it starts from phase 1's *params* (`init_f
 with fresh LAMB moments at step 0 (NVIDIA's code keeps the moments; our resume path
 restores a step counter with them, which would put phase 2 past its schedule's end).
 
-2,048 TPU v3 cores take 32 (phase 1) and 16 (phase 2) sequences each.
+2,048 TPU v3 cores take 32 (phase 1) and 16 (phase 2) sequences each, which fits a
+16 GiB core only with the attention recomputed in the backward pass (remat policy
+`dots_with_no_batch_dims_saveable`) and, in phase 2, the train state sharded 8 ways
+(`fsdp`); no gradient accumulation is needed.
 
   python -m experiments.aot_compile --config=experiments/configs/bert_large_lamb.py:phase1
 
@@ -43,7 +46,10 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.num_train_steps = steps  # this phase's own schedule
     config.stop_at_step = None  # each phase runs its whole schedule
     config.start_step = 0  # phase 2 restarts the step count (params only)
-    config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): 2048-way data parallel
+    # 32 (phase 1) or 16 (phase 2) sequences per core need the attention recomputed in the
+    # backward pass; phase 2 also shards the train state 8 ways (the fit check's choice).
+    config.model.remat_policy = "dots_with_no_batch_dims_saveable"  # keep weight matmuls
+    config.mesh_shape = (-1, 1, 1) if phase == "phase1" else (-1, 8, 1)  # (data, fsdp, tensor)
 
     config.optimizer.name = "lamb"  # layer-wise trust ratio for huge batches
     config.optimizer.learning_rate = learning_rate  # peak
