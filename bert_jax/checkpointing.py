@@ -34,9 +34,11 @@ def make_manager(
         max_to_keep=max_to_keep,
         enable_async_checkpointing=async_save,
         create=create,
-        read_only=not create,
     )
-    return ocp.CheckpointManager(os.fspath(directory), options=options, item_names=_ITEMS)
+    directory = os.fspath(directory)
+    if "://" not in directory:  # Orbax refuses relative local paths
+        directory = os.path.abspath(directory)
+    return ocp.CheckpointManager(directory, options=options, item_names=_ITEMS)
 
 
 def save(manager, step: int, state, data_positions: list[dict], config_json: dict) -> bool:

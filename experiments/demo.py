@@ -226,10 +226,11 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     start = time.time()
-    workdir = FLAGS.workdir
+    # Absolute paths: Orbax refuses relative checkpoint directories.
+    workdir = os.path.abspath(FLAGS.workdir)
     os.makedirs(workdir, exist_ok=True)
     records_dir = os.path.join(workdir, "records")
-    vocab = prepare_data(FLAGS.corpus_dir, records_dir)
+    vocab = prepare_data(os.path.abspath(FLAGS.corpus_dir), records_dir)
     pretrain_dir = pretrain(records_dir, vocab, workdir)
     runs = {}
     for stage, name, init_from, scratch in (
