@@ -331,10 +331,12 @@ _USD = flags.DEFINE_float(
 
 
 def run(config, topology: str | None, mfu: float, usd_per_chip_hour: float | None) -> int:
-    """Checks `config`, prints the report; returns the exit status (0 fits, 1 does not)."""
+    """Checks `config`, prints the report; returns the exit status (0 fits, 1 does not,
+    2 no slice to check for)."""
     topology = topology or config.get("topology")
     if not topology:
-        raise app.UsageError("the config has no `topology` key: pass --topology (e.g. v3:8x8)")
+        print("the config has no `topology` key: pass --topology (e.g. --topology=v3:8x8)")
+        return 2
     print(f"compiling for {topology} ...", flush=True)
     try:
         report = check(config, topology)
@@ -367,8 +369,6 @@ def main(argv) -> int:
     print(f"config {flags.FLAGS['config'].config_filename}")
     try:
         return run(_CONFIG.value, _TOPOLOGY.value, _MFU.value, _USD.value)
-    except app.UsageError:
-        raise
     except Exception:  # noqa: BLE001  (any other failure to lower or compile)
         logging.exception("the step could not be compiled")
         return 2

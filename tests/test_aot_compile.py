@@ -132,6 +132,12 @@ def test_run_exit_status_follows_the_fit(monkeypatch, capsys):
     assert aot_compile.run(config, None, 0.4, None) == 1
     assert "the TPU compiler ran out of HBM" in capsys.readouterr().out
 
+    # A config without a slice (the CPU config) needs --topology.
+    from experiments.configs import bert_tiny_cpu
+
+    assert aot_compile.run(bert_tiny_cpu.get_config(), None, 0.4, None) == 2
+    assert "pass --topology" in capsys.readouterr().out
+
 
 def test_report_projection_and_cost():
     text = _report(7 * GiB).format(mfu=0.4, usd_per_chip_hour=2.0)
