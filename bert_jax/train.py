@@ -256,7 +256,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     tx = optim.make_optimizer(config.optimizer, config.num_train_steps // accum)
     schedule = optim.learning_rate_schedule(config.optimizer, config.num_train_steps // accum)
     data = config.data
-    batch = example_batch(config.global_batch_size, data.max_seq_length, data.max_predictions_per_seq)
+    # Param shapes do not depend on the batch: init on one example, not a global batch that
+    # the init closure would keep alive on device 0 for the whole run.
+    batch = example_batch(1, data.max_seq_length, data.max_predictions_per_seq)
     abstract_state, shardings, init = state_shardings(model, tx, mesh, batch)
     step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum)
 
