@@ -69,11 +69,11 @@ def find_data_dir(
     cache_dir: str = DEFAULT_CACHE_DIR, *, allow_download: bool = True
 ) -> str:
     """The `janeaustenr/data` directory, fetching the Debian package into the cache if asked."""
-    for root in (*R_LIBRARIES, os.path.join(os.path.expanduser(cache_dir))):
+    cache_dir = os.path.expanduser(cache_dir)
+    for root in (*R_LIBRARIES, cache_dir):
         candidate = os.path.join(root, DATA_SUBDIR)
         if os.path.isfile(os.path.join(candidate, DATABASE + ".rdx")):
             return candidate
-    cache_dir = os.path.expanduser(cache_dir)
     target = os.path.join(cache_dir, DATA_SUBDIR)
     if not allow_download:
         raise AustenDataError(
@@ -94,8 +94,8 @@ def find_data_dir(
             raise AustenDataError(f"apt-get download left {debs or 'no .deb'} in {scratch}")
         unpacked = os.path.join(scratch, "root")
         _run(["dpkg-deb", "-x", debs[0], unpacked], cwd=scratch)
-        found = [os.path.join(lib.lstrip("/"), DATA_SUBDIR) for lib in R_LIBRARIES]
-        found = [os.path.join(unpacked, f) for f in found if os.path.isdir(os.path.join(unpacked, f))]
+        found = [os.path.join(unpacked, lib.lstrip("/"), DATA_SUBDIR) for lib in R_LIBRARIES]
+        found = [f for f in found if os.path.isdir(f)]
         if not found:
             raise AustenDataError(f"{debs[0]} has no {DATA_SUBDIR} directory")
         # Renamed into place whole, so an interrupted fetch leaves nothing that looks complete.
