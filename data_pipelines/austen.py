@@ -65,9 +65,7 @@ class AustenDataError(RuntimeError):
     """The novels cannot be found, fetched or parsed."""
 
 
-def find_data_dir(
-    cache_dir: str = DEFAULT_CACHE_DIR, *, allow_download: bool = True
-) -> str:
+def find_data_dir(cache_dir: str = DEFAULT_CACHE_DIR, *, allow_download: bool = True) -> str:
     """The `janeaustenr/data` directory, fetching the Debian package into the cache if asked."""
     cache_dir = os.path.expanduser(cache_dir)
     for root in (*R_LIBRARIES, cache_dir):

@@ -71,7 +71,10 @@ NOVEL = [
 def test_chapters_paragraphs_and_markup():
     chapters = austen.parse_novel(NOVEL)
     assert [c.sentences for c in chapters] == [
-        ["It is a truth that a reader, having read a line, reads the next.", '"Quite so," said she.'],
+        [
+            "It is a truth that a reader, having read a line, reads the next.",
+            '"Quite so," said she.',
+        ],
         ["A second chapter."],
     ]
     assert all(c.needs_split for c in chapters)
@@ -85,12 +88,13 @@ def test_lazyload_database_round_trip(tmp_path):
 
 def test_documents_from_a_database(tmp_path):
     directory = _write_database(tmp_path, {"emma": NOVEL, "persuasion": NOVEL[:-3]})
-    documents = list(
-        austen.austen_documents(data_dir=directory, novels=("emma", "persuasion"))
-    )
+    documents = list(austen.austen_documents(data_dir=directory, novels=("emma", "persuasion")))
     # pysbd splits the first paragraph's one sentence and keeps the quote whole.
     assert [d.sentences for d in documents][:2] == [
-        ["It is a truth that a reader, having read a line, reads the next.", '"Quite so," said she.'],
+        [
+            "It is a truth that a reader, having read a line, reads the next.",
+            '"Quite so," said she.',
+        ],
         ["A second chapter."],
     ]
     assert len(documents) == 4
@@ -150,9 +154,13 @@ def test_the_six_novels(real_data_dir):
         "northangerabbey": 31,
         "persuasion": 24,
     }
-    assert chapters["prideprejudice"][0].sentences[0].startswith(
-        "It is a truth universally acknowledged, that a single man in possession of a good "
-        "fortune, must be in want of a wife."
+    assert (
+        chapters["prideprejudice"][0]
+        .sentences[0]
+        .startswith(
+            "It is a truth universally acknowledged, that a single man in possession of a good "
+            "fortune, must be in want of a wife."
+        )
     )
     # No headings, end markers or italics markers leak into the text.
     paragraphs = [p for c in chapters.values() for d in c for p in d.sentences]
@@ -173,7 +181,5 @@ def test_prepare_corpus_writes_austen(real_data_dir, tmp_path):
     assert len(documents) == 50
     first = documents[0].splitlines()
     # One sentence per line.
-    assert first[0] == (
-        "The family of Dashwood had long been settled in Sussex."
-    )
+    assert first[0] == ("The family of Dashwood had long been settled in Sussex.")
     assert len(first) > 10

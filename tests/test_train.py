@@ -49,8 +49,10 @@ def test_bert_adamw_matches_the_original_update_rule():
         "bias": rng.normal(size=(3,)).astype(np.float32),
         "scale": rng.normal(size=(3,)).astype(np.float32),
     }
-    grads = [{k: rng.normal(size=p.shape).astype(np.float32) * 3 for k, p in params.items()}
-             for _ in range(6)]
+    grads = [
+        {k: rng.normal(size=p.shape).astype(np.float32) * 3 for k, p in params.items()}
+        for _ in range(6)
+    ]
     config = _optimizer_config()
     tx = optim.make_optimizer(config, num_train_steps=10)
     state = tx.init(params)
