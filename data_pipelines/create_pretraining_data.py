@@ -11,10 +11,11 @@ Differences from the original, for corpora that do not fit in memory and for spe
   are shuffled, "random next" sentences drawn and instances shuffled within a chunk,
   so memory does not grow with the corpus (see `instances` for why that is sound).
 * Chunks are tokenized in batches by the Rust tokenizer and processed by
-  `--num_workers` processes. Chunk `k` draws from a random stream seeded by
-  (`--random_seed`, `k`) and its masks from numpy generators seeded by the same pair,
-  and chunks are written in order, so the output is byte-identical for a seed whatever
-  the number of workers.
+  `--num_workers` processes: a chunk's pairing is one task, the masking and encoding of
+  each part of its instances another (see "One chunk, in two stages" below). Chunk `k`
+  draws from a random stream seeded by (`--random_seed`, `k`), the masks of its part `j`
+  from a numpy generator seeded by (`--random_seed`, `k`, `j`), and records are written
+  in order, so the output is byte-identical for a seed whatever the number of workers.
 * `--masking=dynamic` writes unmasked instances (with `word_starts`) for masking on the
   fly in the input pipeline; `--masking=static` (default) writes masked records like the
   original, `--dupe_factor` differently masked passes.
@@ -163,9 +164,22 @@ def iter_chunks(
 
 
 # ----------------------------------------------------------------------------------------
-# One chunk: tokenize, pair, mask, serialise. Each worker process (or the main process,
-# with one worker) does all of it, so every stage runs in parallel and the main process
-# only writes.
+# One chunk, in two stages. Pairing (sentence splitting, tokenization, the instance
+# algorithm and padding) draws from the chunk's one random stream, so it is one task.
+# Encoding (masking, serialisation and framing) is independent per part of
+# `pretraining_records.MASK_BATCH` instances, so a chunk's parts are separate tasks: with
+# workers, the pairing of one chunk overlaps the encoding of others and the work divides
+# evenly between the workers even when a corpus has only a few chunks. The main process
+# only reads, dispatches and writes.
+
+
+@dataclasses.dataclass
+class PairedChunk:
+    """A chunk's instances, padded, before masking."""
+
+    index: int
+    batch: instances.InstanceBatch
+    stats: instances.InstanceStats
 
 
 @dataclasses.dataclass
@@ -190,7 +204,7 @@ class ChunkProcessor:
         self.options = options
         self.tokenizer = tokenizer
         self._tokenize = instances.DocumentTokenizer(tokenizer)
-        self._encode = pretraining_records.RecordEncoder(
+        self._encoder = pretraining_records.RecordEncoder(
             tokenizer,
             random_seed=options.random_seed,
             static_masking=options.masking == "static",
@@ -209,7 +223,8 @@ class ChunkProcessor:
             corpora.split_document(d, self._splitter) if d.needs_split else d for d in documents
         ]
 
-    def __call__(self, index: int, documents: list[corpora.Document]) -> ChunkRecords:
+    def pair(self, index: int, documents: list[corpora.Document]) -> PairedChunk:
+        """Stage 1: chunk `index`'s documents -> its padded instances."""
         options = self.options
         stats = instances.InstanceStats()
         chunk = self._tokenize(self._split(documents), stats, options.max_seq_length - 3)
@@ -233,9 +248,35 @@ class ChunkProcessor:
             cls_id=self.tokenizer.cls_id,
             sep_id=self.tokenizer.sep_id,
         )
+        return PairedChunk(index, batch, stats)
+
+    def encode(
+        self, index: int, part_index: int, part: instances.InstanceBatch
+    ) -> tuple[list[bytes], collections.Counter]:
+        """Stage 2: one part of chunk `index` -> its framed records and masking counts."""
         counts: collections.Counter = collections.Counter()
-        framed = tfrecord_files.frame_records(list(self._encode(batch, index, counts)))
-        return ChunkRecords(index, framed, stats, counts)
+        records = self._encoder.encode_part(part, index, part_index, counts)
+        return tfrecord_files.frame_records(records), counts
+
+    def __call__(self, index: int, documents: list[corpora.Document]) -> ChunkRecords:
+        """Both stages in this process."""
+        paired = self.pair(index, documents)
+        return _join_parts(paired, [self.encode(index, i, part) for i, part in _parts(paired)])
+
+
+def _parts(paired: PairedChunk) -> list[tuple[int, instances.InstanceBatch]]:
+    return list(enumerate(paired.batch.split(pretraining_records.MASK_BATCH)))
+
+
+def _join_parts(
+    paired: PairedChunk, parts: Iterable[tuple[list[bytes], collections.Counter]]
+) -> ChunkRecords:
+    framed: list[bytes] = []
+    counts: collections.Counter = collections.Counter()
+    for part_framed, part_counts in parts:
+        framed.extend(part_framed)
+        counts.update(part_counts)
+    return ChunkRecords(paired.index, framed, paired.stats, counts)
 
 
 # The processor of a worker process, made once by the pool initializer (the standard
@@ -250,9 +291,16 @@ def _init_worker(options: Options, tokenizer: Any) -> None:
     _worker_processor = ChunkProcessor(options, tokenizer)
 
 
-def _process_in_worker(index: int, documents: list[corpora.Document]) -> ChunkRecords:
+def _pair_in_worker(index: int, documents: list[corpora.Document]) -> PairedChunk:
     assert _worker_processor is not None, "worker not initialised"
-    return _worker_processor(index, documents)
+    return _worker_processor.pair(index, documents)
+
+
+def _encode_in_worker(
+    index: int, part_index: int, part: instances.InstanceBatch
+) -> tuple[list[bytes], collections.Counter]:
+    assert _worker_processor is not None, "worker not initialised"
+    return _worker_processor.encode(index, part_index, part)
 
 
 # ----------------------------------------------------------------------------------------
@@ -275,14 +323,38 @@ def _iter_chunk_records(
     start = "spawn" if "tensorflow" in sys.modules else "fork"
     context = multiprocessing.get_context(start)
     with context.Pool(options.num_workers, _init_worker, (options, tokenizer)) as pool:
-        pending: collections.deque = collections.deque()
-        # At most two chunks in flight per worker, so memory stays bounded.
+        pairing: collections.deque = collections.deque()  # stage-1 results, chunk order
+        encoding: collections.deque = collections.deque()  # (PairedChunk, stage-2 results)
+
+        def dispatch_parts() -> None:
+            paired = pairing.popleft().get()
+            tasks = [
+                pool.apply_async(_encode_in_worker, (paired.index, i, part))
+                for i, part in _parts(paired)
+            ]
+            encoding.append((paired, tasks))
+
+        def advance() -> Iterator[ChunkRecords]:
+            """Hands a paired chunk on to the encoders, or yields the oldest encoded one."""
+            while True:
+                if pairing and (pairing[0].ready() or not encoding):
+                    dispatch_parts()  # as soon as possible: it gives the workers work
+                    return
+                paired, tasks = encoding[0]
+                if all(task.ready() for task in tasks):
+                    encoding.popleft()
+                    yield _join_parts(paired, (task.get() for task in tasks))
+                    return
+                next(task for task in tasks if not task.ready()).wait(0.01)
+
+        # At most two chunks in flight per worker (pairing or encoding), so memory stays
+        # bounded whatever the corpus size.
         for index, chunk in enumerate(chunks):
-            pending.append(pool.apply_async(_process_in_worker, (index, chunk)))
-            while len(pending) > 2 * options.num_workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+            pairing.append(pool.apply_async(_pair_in_worker, (index, chunk)))
+            while len(pairing) + len(encoding) > 2 * options.num_workers:
+                yield from advance()
+        while pairing or encoding:
+            yield from advance()
 
 
 def create_pretraining_data(options: Options) -> dict[str, Any]:

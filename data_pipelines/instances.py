@@ -504,6 +504,32 @@ class InstanceBatch:
     def __len__(self) -> int:
         return len(self.lengths)
 
+    # Workers send instances through pipes: pickle each array in the narrowest integer type
+    # that holds its values (token ids in 16 bits, flags in 8), a third of the bytes.
+    def __getstate__(self) -> dict[str, np.ndarray]:
+        return {f.name: _narrow(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def __setstate__(self, state: dict[str, np.ndarray]) -> None:
+        for name, array in state.items():
+            setattr(self, name, array.astype(np.int32))
+
+    def split(self, rows: int) -> list[InstanceBatch]:
+        """Consecutive parts of at most `rows` instances each (views, not copies)."""
+        return [
+            InstanceBatch(
+                *(getattr(self, f.name)[start : start + rows] for f in dataclasses.fields(self))
+            )
+            for start in range(0, len(self), rows)
+        ]
+
+
+def _narrow(array: np.ndarray) -> np.ndarray:
+    """`array` in the smallest integer type that holds its values."""
+    if array.size == 0:
+        return array
+    low, high = int(array.min()), int(array.max())
+    return array.astype(np.result_type(np.min_scalar_type(low), np.min_scalar_type(high)))
+
 
 def assemble(
     chunk: TokenizedChunk,

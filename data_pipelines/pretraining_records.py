@@ -66,23 +66,28 @@ class RecordEncoder:
 
         Args:
             batch: the chunk's instances.
-            chunk_index: seeds the masks, with the random seed and the batch index.
+            chunk_index: seeds the masks, with the random seed and the part index.
             counts: gets eligible_tokens, masked_tokens, mask_token, random_token and
                 unchanged added (static mode).
         """
-        for batch_index, start in enumerate(range(0, len(batch), MASK_BATCH)):
-            rows = slice(start, start + MASK_BATCH)
-            part = instances.InstanceBatch(
-                batch.input_ids[rows],
-                batch.segment_ids[rows],
-                batch.word_starts[rows],
-                batch.lengths[rows],
-                batch.next_sentence_labels[rows],
-            )
-            if self.static_masking:
-                yield from self._masked_records(part, chunk_index, batch_index, counts)
-            else:
-                yield from self._unmasked_records(part)
+        for part_index, part in enumerate(batch.split(MASK_BATCH)):
+            yield from self.encode_part(part, chunk_index, part_index, counts)
+
+    def encode_part(
+        self,
+        part: instances.InstanceBatch,
+        chunk_index: int,
+        part_index: int,
+        counts: collections.Counter,
+    ) -> list[bytes]:
+        """The records of part `part_index` of `batch.split(MASK_BATCH)` of a chunk.
+
+        The parts of a chunk are independent (each has its own masking stream), so they
+        can be encoded by different processes.
+        """
+        if self.static_masking:
+            return self._masked_records(part, chunk_index, part_index, counts)
+        return self._unmasked_records(part)
 
     def _masked_records(
         self,

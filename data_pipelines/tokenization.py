@@ -35,6 +35,7 @@ import dataclasses
 import functools
 import io
 import itertools
+import json
 import os
 import sys
 import unicodedata
@@ -119,9 +120,29 @@ def _code_points_to_scan() -> Iterable[int]:
     return itertools.chain(range(0x40000), range(0xE0000, 0xF0000))
 
 
+# Class tables for the Unicode versions of the supported Pythons, written by
+# `python -m data_pipelines.tokenization` and checked against the scan by the tests: the
+# scan costs ~0.2 s, paid before any worker can start. Other versions are scanned.
+_CLASS_TABLE_DIR = os.path.join(os.path.dirname(__file__), "unicode_classes")
+
+
+def _class_table_path(unidata_version: str) -> str:
+    return os.path.join(_CLASS_TABLE_DIR, f"unicode-{unidata_version}.json")
+
+
 @functools.cache
 def _char_classes() -> _CharClasses:
-    """Reads the classes from this interpreter's `unicodedata` (once per process)."""
+    """The classes for this interpreter's `unicodedata` (once per process)."""
+    path = _class_table_path(unicodedata.unidata_version)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return _CharClasses(**json.load(f))
+    except FileNotFoundError:
+        return _scan_char_classes()
+
+
+def _scan_char_classes() -> _CharClasses:
+    """Reads the classes from this interpreter's `unicodedata`."""
     removed, whitespace, punctuation, marks, probe = [], [], [], [], []
     for cp in _code_points_to_scan():
         char = chr(cp)
@@ -571,3 +592,18 @@ def load_tokenizer(
     if vocab_file.endswith(".model"):
         return SentencePieceTokenizer(vocab_file, do_lower_case=do_lower_case)
     return WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
+
+
+def write_class_table() -> str:
+    """Scans this interpreter's Unicode classes and writes their table; returns its path."""
+    path = _class_table_path(unicodedata.unidata_version)
+    os.makedirs(_CLASS_TABLE_DIR, exist_ok=True)
+    with open(path + ".incomplete", "w", encoding="utf-8") as f:
+        json.dump(dataclasses.asdict(_scan_char_classes()), f, indent=1)
+        f.write("\n")
+    os.replace(path + ".incomplete", path)
+    return path
+
+
+if __name__ == "__main__":
+    print(f"wrote {write_class_table()}")

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from data_pipelines import build_vocab, corpora, prepare_corpus, tokenization
+from data_pipelines import build_vocab, corpora, prepare_corpus, pretraining_records, tokenization
 from data_pipelines.create_pretraining_data import Options, create_pretraining_data
 
 MAX_SEQ = 128
@@ -207,9 +207,12 @@ def _bytes(paths) -> list[bytes]:
     return result
 
 
-def test_same_seed_same_bytes_with_any_number_of_workers(small_file, tmp_path):
-    runs = {}
-    for name, workers, seed in [("a", 1, 3), ("c", 2, 3), ("d", 1, 4)]:
+def test_same_seed_same_bytes_with_any_number_of_workers(small_file, tmp_path, monkeypatch):
+    runs, paths = {}, {}
+    for name, workers, seed in [("a", 1, 3), ("c", 2, 3), ("d", 1, 4), ("e", 3, 3)]:
+        # Run "e" masks parts of 5 instances: each chunk's parts go to different workers
+        # (forked: they see the patched size), in any order, and are written in order.
+        monkeypatch.setattr(pretraining_records, "MASK_BATCH", 5 if name == "e" else 4096)
         (tmp_path / name).mkdir()
         stats = create_pretraining_data(
             _options(
@@ -223,9 +226,27 @@ def test_same_seed_same_bytes_with_any_number_of_workers(small_file, tmp_path):
             )
         )
         assert stats["chunks"] == 4
+        assert stats["instances"] > 4 * 2 * 5  # so the chunks of run "e" have several parts
         runs[name] = _bytes(stats["output_files"])
+        paths[name] = stats["output_files"]
     assert runs["a"] == runs["c"]
     assert runs["a"] != runs["d"]
+    # Smaller parts draw other masks for the same instances.
+    assert runs["e"] != runs["a"]
+    np.testing.assert_array_equal(
+        _unmasked_ids(_read_records(paths["e"])), _unmasked_ids(_read_records(paths["a"]))
+    )
+    monkeypatch.setattr(pretraining_records, "MASK_BATCH", 5)
+    (tmp_path / "b").mkdir()
+    options = _options(
+        tmp_path / "b",
+        small_file,
+        random_seed=3,
+        documents_per_chunk=6,
+        num_output_shards=2,
+        dupe_factor=2,
+    )
+    assert _bytes(create_pretraining_data(options)["output_files"]) == runs["e"]
 
 
 def test_local_runs_never_import_tensorflow(small_file, tmp_path):

@@ -188,6 +188,31 @@ def test_every_assigned_code_point_matches_reference(pair):
     _assert_same(ours, ref, texts)
 
 
+def test_unicode_class_table_equals_the_scan(tmp_path, monkeypatch):
+    """The checked-in table (the reference tests above ran on it) is this Python's scan."""
+    path = tokenization._class_table_path(unicodedata.unidata_version)
+    assert os.path.exists(path), "run `python -m data_pipelines.tokenization` to write it"
+    assert tokenization._char_classes() == tokenization._scan_char_classes()
+    # A Python whose Unicode version has no table scans its own.
+    monkeypatch.setattr(tokenization, "_CLASS_TABLE_DIR", str(tmp_path))
+    tokenization._char_classes.cache_clear()
+    try:
+        assert tokenization._char_classes() == tokenization._scan_char_classes()
+        assert tokenization.write_class_table() == str(
+            tmp_path / f"unicode-{unicodedata.unidata_version}.json"
+        )
+        assert sorted(os.listdir(tmp_path)) == [f"unicode-{unicodedata.unidata_version}.json"]
+        with (
+            open(path, encoding="utf-8") as checked_in,
+            open(
+                tmp_path / f"unicode-{unicodedata.unidata_version}.json", encoding="utf-8"
+            ) as written,
+        ):
+            assert written.read() == checked_in.read()
+    finally:
+        tokenization._char_classes.cache_clear()
+
+
 # Text made of assigned characters, with the ones the sigma and CJK rules care about
 # over-represented so that they meet each other.
 _ASSIGNED = st.characters(blacklist_categories=_HF_DROPS)
