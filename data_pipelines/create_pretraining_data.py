@@ -42,6 +42,7 @@ import json
 import logging
 import multiprocessing
 import os
+import pickle
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -269,7 +270,7 @@ def _parts(paired: PairedChunk) -> list[tuple[int, instances.InstanceBatch]]:
 
 
 def _join_parts(
-    paired: PairedChunk, parts: Iterable[tuple[list[bytes], collections.Counter]]
+    paired: PairedChunk | PickledParts, parts: Iterable[tuple[list[bytes], collections.Counter]]
 ) -> ChunkRecords:
     framed: list[bytes] = []
     counts: collections.Counter = collections.Counter()
@@ -277,6 +278,15 @@ def _join_parts(
         framed.extend(part_framed)
         counts.update(part_counts)
     return ChunkRecords(paired.index, framed, paired.stats, counts)
+
+
+@dataclasses.dataclass
+class PickledParts:
+    """A worker's paired chunk as its parts, each pickled (see `_pair_in_worker`)."""
+
+    index: int
+    parts: list[bytes]
+    stats: instances.InstanceStats
 
 
 # The processor of a worker process, made once by the pool initializer (the standard
@@ -291,16 +301,22 @@ def _init_worker(options: Options, tokenizer: Any) -> None:
     _worker_processor = ChunkProcessor(options, tokenizer)
 
 
-def _pair_in_worker(index: int, documents: list[corpora.Document]) -> PairedChunk:
+def _pair_in_worker(index: int, documents: list[corpora.Document]) -> PickledParts:
+    """Stage 1 in a worker. The parts travel on to stage 2 through the main process, which
+    only forwards them: pickled here, they cost it a copy of bytes, not an unpickling and a
+    pickling of arrays (CPU the main process would take from the workers)."""
     assert _worker_processor is not None, "worker not initialised"
-    return _worker_processor.pair(index, documents)
+    paired = _worker_processor.pair(index, documents)
+    parts = [pickle.dumps(part, pickle.HIGHEST_PROTOCOL) for _, part in _parts(paired)]
+    return PickledParts(index, parts, paired.stats)
 
 
 def _encode_in_worker(
-    index: int, part_index: int, part: instances.InstanceBatch
+    index: int, part_index: int, part: bytes
 ) -> tuple[list[bytes], collections.Counter]:
+    """Stage 2 in a worker, on a part pickled by `_pair_in_worker`."""
     assert _worker_processor is not None, "worker not initialised"
-    return _worker_processor.encode(index, part_index, part)
+    return _worker_processor.encode(index, part_index, pickle.loads(part))
 
 
 # ----------------------------------------------------------------------------------------
@@ -324,14 +340,15 @@ def _iter_chunk_records(
     context = multiprocessing.get_context(start)
     with context.Pool(options.num_workers, _init_worker, (options, tokenizer)) as pool:
         pairing: collections.deque = collections.deque()  # stage-1 results, chunk order
-        encoding: collections.deque = collections.deque()  # (PairedChunk, stage-2 results)
+        encoding: collections.deque = collections.deque()  # (PickledParts, stage-2 results)
 
         def dispatch_parts() -> None:
             paired = pairing.popleft().get()
             tasks = [
                 pool.apply_async(_encode_in_worker, (paired.index, i, part))
-                for i, part in _parts(paired)
+                for i, part in enumerate(paired.parts)
             ]
+            paired.parts = []  # the workers have them now
             encoding.append((paired, tasks))
 
         def advance() -> Iterator[ChunkRecords]:
