@@ -199,11 +199,13 @@ class ChunkProcessor:
     Args:
         options: the run's options.
         tokenizer: from `data_pipelines.tokenization.load_tokenizer`.
+        part_size: instances per encoding part (each part draws its own masks).
     """
 
-    def __init__(self, options: Options, tokenizer: Any):
+    def __init__(self, options: Options, tokenizer: Any, part_size: int):
         self.options = options
         self.tokenizer = tokenizer
+        self.part_size = part_size
         self._tokenize = instances.DocumentTokenizer(tokenizer)
         self._encoder = pretraining_records.RecordEncoder(
             tokenizer,
@@ -262,11 +264,8 @@ class ChunkProcessor:
     def __call__(self, index: int, documents: list[corpora.Document]) -> ChunkRecords:
         """Both stages in this process."""
         paired = self.pair(index, documents)
-        return _join_parts(paired, [self.encode(index, i, part) for i, part in _parts(paired)])
-
-
-def _parts(paired: PairedChunk) -> list[tuple[int, instances.InstanceBatch]]:
-    return list(enumerate(paired.batch.split(pretraining_records.MASK_BATCH)))
+        parts = paired.batch.split(self.part_size)
+        return _join_parts(paired, [self.encode(index, i, part) for i, part in enumerate(parts)])
 
 
 def _join_parts(
@@ -294,11 +293,11 @@ class PickledParts:
 _worker_processor: ChunkProcessor | None = None
 
 
-def _init_worker(options: Options, tokenizer: Any) -> None:
+def _init_worker(options: Options, tokenizer: Any, part_size: int) -> None:
     global _worker_processor
     # One core per worker: the workers are the parallelism.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker_processor = ChunkProcessor(options, tokenizer)
+    _worker_processor = ChunkProcessor(options, tokenizer, part_size)
 
 
 def _pair_in_worker(index: int, documents: list[corpora.Document]) -> PickledParts:
@@ -307,7 +306,8 @@ def _pair_in_worker(index: int, documents: list[corpora.Document]) -> PickledPar
     pickling of arrays (CPU the main process would take from the workers)."""
     assert _worker_processor is not None, "worker not initialised"
     paired = _worker_processor.pair(index, documents)
-    parts = [pickle.dumps(part, pickle.HIGHEST_PROTOCOL) for _, part in _parts(paired)]
+    parts = paired.batch.split(_worker_processor.part_size)
+    parts = [pickle.dumps(part, pickle.HIGHEST_PROTOCOL) for part in parts]
     return PickledParts(index, parts, paired.stats)
 
 
@@ -327,8 +327,10 @@ def _iter_chunk_records(
     options: Options, chunks: Iterable[list[corpora.Document]], tokenizer: Any
 ) -> Iterator[ChunkRecords]:
     """Chunk records in chunk order, made here or by a bounded pool of workers."""
+    # Read here and handed to the workers (a spawned worker re-imports the modules).
+    part_size = pretraining_records.MASK_BATCH
     if options.num_workers == 1:
-        processor = ChunkProcessor(options, tokenizer)
+        processor = ChunkProcessor(options, tokenizer, part_size)
         for index, chunk in enumerate(chunks):
             yield processor(index, chunk)
         return
@@ -338,7 +340,8 @@ def _iter_chunk_records(
     # started before the fork.
     start = "spawn" if "tensorflow" in sys.modules else "fork"
     context = multiprocessing.get_context(start)
-    with context.Pool(options.num_workers, _init_worker, (options, tokenizer)) as pool:
+    initargs = (options, tokenizer, part_size)
+    with context.Pool(options.num_workers, _init_worker, initargs) as pool:
         pairing: collections.deque = collections.deque()  # stage-1 results, chunk order
         encoding: collections.deque = collections.deque()  # (PickledParts, stage-2 results)
 

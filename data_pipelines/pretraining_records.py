@@ -1,11 +1,11 @@
 """Instances to TFRecord records: static masking and serialisation, without TensorFlow.
 
-`RecordEncoder` takes the padded instances of a chunk (`instances.InstanceBatch`) and
-returns serialised `tf.train.Example`s: masked in the original schema (static mode), or
+`RecordEncoder` takes a part of the padded instances of a chunk (`instances.InstanceBatch`)
+and returns serialised `tf.train.Example`s: masked in the original schema (static mode), or
 unmasked with their `word_starts` (dynamic mode), encoded in bulk by `example_encoder`. It
 also counts what the masking did, for the stats JSON. Masks are drawn from a generator
-seeded by (seed, chunk, batch in chunk), so they do not depend on which process
-made the instances.
+seeded by (seed, chunk, part of the chunk), so they do not depend on which process
+encodes the part.
 
 Static masks come from `numpy_masking.mask_batch` (the masking rules of `masking`, drawn
 from numpy's generator) on every path, local or URL, so a seed means one output: writing
@@ -15,14 +15,14 @@ records needs no TensorFlow import, which would cost each worker more than the m
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from data_pipelines import example_encoder, instances, numpy_masking
 
-# Instances masked and serialised per call: bounds the temporaries per call.
+# Instances per part of a chunk (masked and serialised per call, drawing their own masks):
+# bounds the temporaries of a call, and is the unit of work a worker process takes.
 MASK_BATCH = 4096
 
 
@@ -56,23 +56,6 @@ class RecordEncoder:
         self.masked_lm_prob = masked_lm_prob
         self.whole_word = whole_word
 
-    def __call__(
-        self,
-        batch: instances.InstanceBatch,
-        chunk_index: int,
-        counts: collections.Counter,
-    ) -> Iterator[bytes]:
-        """The records of one chunk's instances, in order.
-
-        Args:
-            batch: the chunk's instances.
-            chunk_index: seeds the masks, with the random seed and the part index.
-            counts: gets eligible_tokens, masked_tokens, mask_token, random_token and
-                unchanged added (static mode).
-        """
-        for part_index, part in enumerate(batch.split(MASK_BATCH)):
-            yield from self.encode_part(part, chunk_index, part_index, counts)
-
     def encode_part(
         self,
         part: instances.InstanceBatch,
@@ -80,10 +63,17 @@ class RecordEncoder:
         part_index: int,
         counts: collections.Counter,
     ) -> list[bytes]:
-        """The records of part `part_index` of `batch.split(MASK_BATCH)` of a chunk.
+        """The records of part `part_index` of a chunk's instances, in order.
 
-        The parts of a chunk are independent (each has its own masking stream), so they
-        can be encoded by different processes.
+        Args:
+            part: the part (a chunk's instances are split into parts of `MASK_BATCH`).
+            chunk_index: seeds the masks, with the random seed and `part_index`.
+            part_index: the part's place in its chunk.
+            counts: gets eligible_tokens, masked_tokens, mask_token, random_token and
+                unchanged added (static mode).
+
+        The parts of a chunk are independent (each has its own masking stream), so
+        different processes can encode them.
         """
         if self.static_masking:
             return self._masked_records(part, chunk_index, part_index, counts)
