@@ -113,7 +113,11 @@ def make_optimizer(
         opt = bert_adamw(schedule, config.weight_decay, config.b1, config.b2, config.eps)
     elif config.name == "lamb":
         opt = optax.lamb(
-            schedule, config.b1, config.b2, config.eps, weight_decay=config.weight_decay,
+            schedule,
+            config.b1,
+            config.b2,
+            config.eps,
+            weight_decay=config.weight_decay,
             mask=decay_mask,
         )
     else:

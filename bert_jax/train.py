@@ -289,12 +289,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     peak = metrics.peak_flops_per_device(cfg.dtype) * jax.device_count()
 
     def save(step):
-        checkpointing.save(manager, step, state, _gather_positions(train_data.position), config_json)
+        checkpointing.save(
+            manager, step, state, _gather_positions(train_data.position), config_json
+        )
 
     def evaluate(step):
         if not data.eval_files:
             return {}
-        eval_data = _make_input(config, None, files=data.eval_files, seed=0, mask_config=mask_config)
+        eval_data = _make_input(
+            config, None, files=data.eval_files, seed=0, mask_config=mask_config
+        )
         totals = []
         for _ in range(config.eval_steps):
             totals.append(eval_fn(state.params, sharding.global_batch(next(eval_data), mesh)))
@@ -326,7 +330,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 # Checked before any save, so a checkpoint never holds a non-finite state.
                 last = _flush(pending, writer, timer, step, flops, peak, config, manager)
                 timer = (time.perf_counter(), step)
-                progress.set_postfix(loss=f"{last['loss']:.3f}", mlm_acc=f"{last['mlm_accuracy']:.3f}")
+                progress.set_postfix(
+                    loss=f"{last['loss']:.3f}", mlm_acc=f"{last['mlm_accuracy']:.3f}"
+                )
                 pending = []
             if config.eval_every and step % config.eval_every == 0:
                 last |= {f"eval_{k}": v for k, v in evaluate(step).items()}
@@ -346,7 +352,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 def _flush(pending, writer, timer, step, flops, peak, config, manager) -> dict[str, float]:
     """Fetches the pending metrics, stops on a non-finite loss, writes the averages."""
     fetched = jax.device_get([m for _, m in pending])
-    for (s, _), m in zip(pending, fetched):
+    for (s, _), m in zip(pending, fetched, strict=True):
         # A finite loss can hide NaN params (e.g. Adam's 0/0 on a never-used weight).
         bad = [k for k in ("loss", "grad_norm", "param_norm") if not np.isfinite(m[k])]
         if bad:

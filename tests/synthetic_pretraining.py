@@ -47,8 +47,18 @@ def random_example(rng: np.random.Generator) -> dict[str, np.ndarray]:
 def random_batch(batch_size: int, seed: int) -> dict[str, np.ndarray]:
     """A padded numpy batch in the input pipeline's layout (int32 ids, float32 weights)."""
     rng = np.random.default_rng(seed)
-    batch = {k: [] for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
-                             "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")}
+    batch = {
+        k: []
+        for k in (
+            "input_ids",
+            "input_mask",
+            "segment_ids",
+            "masked_lm_positions",
+            "masked_lm_ids",
+            "masked_lm_weights",
+            "next_sentence_labels",
+        )
+    }
     for _ in range(batch_size):
         ex = random_example(rng)
         pad = SEQ_LEN - len(ex["input_ids"])

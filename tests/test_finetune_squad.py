@@ -10,7 +10,6 @@ is token-exact with the original's (tests/test_tokenization.py).
 import ast
 import collections
 import json
-import os
 import subprocess
 import sys
 import types

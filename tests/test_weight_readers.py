@@ -6,9 +6,9 @@ import os
 
 import numpy as np
 import pytest
+from finetune_fixtures import pretrained_params, write_train_state
 
 from bert_jax import weight_readers
-from finetune_fixtures import pretrained_params, write_train_state
 
 
 @pytest.fixture()
