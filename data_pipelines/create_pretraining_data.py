@@ -404,7 +404,9 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
     totals = instances.InstanceStats()
     masking_counts: collections.Counter = collections.Counter()
     chunks_done = 0
-    with tfrecord_files.FramedShardWriter(options.output_file, options.num_output_shards) as writer:
+    with tfrecord_files.TFRecordShardWriter(
+        options.output_file, options.num_output_shards
+    ) as writer:
         stats_path = writer.paths[0] + ".stats.json"
         _check_writable(stats_path)
         documents = iter_documents(options, read_stats)

@@ -1,4 +1,4 @@
-"""TFRecord files without TensorFlow: masked CRC-32C framing and an atomic sharded writer.
+"""TFRecord files without TensorFlow: masked CRC-32C framing and the atomic sharded writer.
 
 `create_pretraining_data` writes its records without importing TensorFlow (the import
 alone costs each process several CPU seconds). A TFRecord file is a sequence of
@@ -12,8 +12,8 @@ where `masked_crc32c(x) = ((c >> 15) | (c << 17)) + 0xA282EAD8 (mod 2^32)` with
 adds TFRecord's masking and framing. The tests compare the framed bytes with
 `tf.io.TFRecordWriter`'s and read the files back with `tf.data`.
 
-The path helpers (`shard_paths`, `temporary_path`) are shared with
-`data_pipelines.tfrecords.TFRecordShardWriter`, the TensorFlow writer.
+`TFRecordShardWriter` is the project's one TFRecord writer: it writes uncompressed files
+(the input pipeline also reads GZIP/ZLIB files written by other tools).
 """
 
 from __future__ import annotations
@@ -103,13 +103,21 @@ def _is_url(path: str) -> bool:
 # ----------------------------------------------------------------------------- writing
 
 
-class FramedShardWriter:
-    """Writes already framed records (`frame_records`) round-robin over shards, atomically.
+class TFRecordShardWriter:
+    """Writes records round-robin over shards (or to a chosen shard), atomically.
 
-    Like `tfrecords.TFRecordShardWriter`: every shard is written under a hidden temporary
-    name and renamed when `close()` succeeds; on an exception inside the `with` block the
-    temporaries are deleted, so nothing half-written looks complete. Local paths need no
-    TensorFlow; URLs (`gs://...`) go through `tf.io.gfile`.
+    Every shard is written under a hidden temporary name and renamed to its final name only
+    when `close()` succeeds, so a crashed or interrupted run leaves nothing that looks like
+    finished output. Use as a context manager: on an exception inside the `with` block the
+    temporaries are deleted. Local paths need no TensorFlow; URLs (`gs://...`) go through
+    `tf.io.gfile`.
+
+    Example::
+
+        with TFRecordShardWriter("out/train.tfrecord", num_shards=4) as writer:
+            for record in records:
+                writer.write(record)
+        print(writer.counts)  # records per shard
 
     Args:
         output_pattern_or_paths: see `shard_paths`.
@@ -141,10 +149,20 @@ class FramedShardWriter:
         """Records written so far, over all shards."""
         return sum(self.counts)
 
-    def write_framed(self, framed: Iterable[bytes]) -> None:
-        """Writes framed records, each to the next shard round-robin."""
+    def write(self, record: bytes, shard: int | None = None) -> None:
+        """Writes one serialised record to `shard`, or to the next shard round-robin."""
         if self._closed:
-            raise ValueError("write_framed() on a closed FramedShardWriter")
+            raise ValueError("write() on a closed TFRecordShardWriter")
+        if shard is None:
+            shard = self._next_shard
+            self._next_shard = (shard + 1) % len(self._files)
+        self._files[shard].write(frame_records([record])[0])
+        self.counts[shard] += 1
+
+    def write_framed(self, framed: Iterable[bytes]) -> None:
+        """Writes records framed by `frame_records` (in bulk), each to the next shard."""
+        if self._closed:
+            raise ValueError("write_framed() on a closed TFRecordShardWriter")
         shards = len(self._files)
         if shards == 1:  # one file: a single write of the whole batch
             framed = list(framed)
@@ -200,7 +218,7 @@ class FramedShardWriter:
             except Exception:
                 pass
 
-    def __enter__(self) -> FramedShardWriter:
+    def __enter__(self) -> TFRecordShardWriter:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:

@@ -1,4 +1,4 @@
-"""TFRecord schemas, serialisation, parsing and an atomic sharded writer.
+"""TFRecord schemas, serialisation and parsing (files are written by `tfrecord_files`).
 
 Two record schemas live here:
 
@@ -22,15 +22,11 @@ Records are zero-padded to the fixed shapes, like the original writer.
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
-
-# Shared with the TensorFlow-free writer of `create_pretraining_data`.
-from data_pipelines.tfrecord_files import shard_paths, temporary_path
 
 # Which padded length a feature has.
 _SEQ = "max_seq_length"
@@ -221,112 +217,3 @@ def parse_masked(
 def parse_unmasked(serialized: tf.Tensor, *, max_seq_length: int) -> dict[str, tf.Tensor]:
     """Parses unmasked records (one scalar string or a vector of them) into int64 tensors."""
     return _parse(serialized, unmasked_feature_spec(max_seq_length))
-
-
-# ----------------------------------------------------------------------------- writing
-
-
-class TFRecordShardWriter:
-    """Writes records round-robin over shards, atomically.
-
-    Every shard is written under a hidden temporary name and renamed to its final name only
-    when `close()` succeeds, so a crashed or interrupted run leaves nothing that looks like
-    finished output. Use as a context manager: on an exception the temporaries are deleted.
-
-    Example::
-
-        with TFRecordShardWriter("out/train.tfrecord", num_shards=4) as writer:
-            for record in records:
-                writer.write(record)
-        print(writer.counts)  # records per shard
-    """
-
-    def __init__(
-        self,
-        output_pattern_or_paths: str | Sequence[str],
-        num_shards: int = 1,
-        *,
-        compression: str | None = None,
-    ):
-        """Opens the temporary shard files.
-
-        Args:
-            output_pattern_or_paths: see `shard_paths`.
-            num_shards: shards to make from a single path.
-            compression: None, "GZIP" or "ZLIB" (readers must be told the same).
-
-        Raises:
-            OSError: an output directory cannot be created or written.
-        """
-        self.paths = shard_paths(output_pattern_or_paths, num_shards)
-        if len(set(self.paths)) != len(self.paths):
-            raise ValueError(f"duplicate output paths: {self.paths}")
-        self.counts = [0] * len(self.paths)
-        self._temporary = [temporary_path(p) for p in self.paths]
-        self._next_shard = 0
-        self._closed = False
-        options = tf.io.TFRecordOptions(compression_type=compression or "")
-        self._writers = []
-        try:
-            for path, temporary in zip(self.paths, self._temporary, strict=True):
-                directory = os.path.dirname(path)
-                if directory:
-                    tf.io.gfile.makedirs(directory)
-                self._writers.append(tf.io.TFRecordWriter(temporary, options))
-        except Exception as error:
-            self._discard()
-            raise OSError(f"cannot open output {path!r} for writing: {error}") from error
-
-    @property
-    def total(self) -> int:
-        """Records written so far, over all shards."""
-        return sum(self.counts)
-
-    def write(self, record: bytes, shard: int | None = None) -> None:
-        """Writes one serialised record to `shard`, or to the next shard round-robin."""
-        if self._closed:
-            raise ValueError("write() on a closed TFRecordShardWriter")
-        if shard is None:
-            shard = self._next_shard
-            self._next_shard = (shard + 1) % len(self._writers)
-        self._writers[shard].write(record)
-        self.counts[shard] += 1
-
-    def close(self) -> list[str]:
-        """Flushes every shard and renames it to its final name; returns the final paths."""
-        if self._closed:
-            return self.paths
-        self._closed = True
-        try:
-            for writer in self._writers:
-                writer.close()
-            for temporary, path in zip(self._temporary, self.paths, strict=True):
-                tf.io.gfile.rename(temporary, path, overwrite=True)
-        except Exception:
-            self._discard()
-            raise
-        return self.paths
-
-    def abort(self) -> None:
-        """Closes and deletes every temporary shard; no final file is created."""
-        self._closed = True
-        self._discard()
-
-    def _discard(self) -> None:
-        for writer in self._writers:
-            try:
-                writer.close()
-            except Exception:  # already failing: removing the files matters more
-                pass
-        for temporary in self._temporary:
-            if tf.io.gfile.exists(temporary):
-                tf.io.gfile.remove(temporary)
-
-    def __enter__(self) -> TFRecordShardWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, traceback) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from bert_jax.config import BertConfig
-from data_pipelines import tfrecords
+from data_pipelines import tfrecord_files, tfrecords
 
 SEQ_LEN, PREDICTIONS = 32, 5
 CLS, SEP, MASK = 101, 102, 103  # the uncased BERT vocab's ids, as in the MiniLM vocab
@@ -79,7 +79,7 @@ def write_records(directory: str, prefix: str, num_files: int, per_file: int, se
     rng = np.random.default_rng(seed)
     os.makedirs(directory, exist_ok=True)
     paths = [os.path.join(directory, f"{prefix}-{i:05d}.tfrecord") for i in range(num_files)]
-    with tfrecords.TFRecordShardWriter(paths) as writer:
+    with tfrecord_files.TFRecordShardWriter(paths) as writer:
         for i in range(num_files * per_file):
             record = tfrecords.serialize_masked(
                 random_example(rng), max_seq_length=SEQ_LEN, max_predictions_per_seq=PREDICTIONS

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data_pipelines import input_pipeline, masking, tfrecords
+from data_pipelines import input_pipeline, masking, tfrecord_files, tfrecords
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "original_tfrecord")
 SITE_PACKAGES = os.path.dirname(os.path.dirname(np.__file__))
@@ -98,47 +98,6 @@ def test_serialize_rejects_bad_examples():
         )
     with pytest.raises(ValueError, match="next_sentence_labels must be one value"):
         tfrecords.serialize_unmasked({**good, "next_sentence_label": 2}, max_seq_length=4)
-
-
-def test_shard_writer_is_atomic(tmp_path):
-    out = str(tmp_path / "data" / "train.tfrecord")
-    writer = tfrecords.TFRecordShardWriter(out, num_shards=3)
-    for i in range(7):
-        writer.write(b"record%d" % i)
-    # While writing, nothing has a final name and nothing matches the usual globs.
-    assert tf.io.gfile.glob(str(tmp_path / "data" / "train*")) == []
-    assert tf.io.gfile.glob(str(tmp_path / "data" / "*.tfrecord")) == []
-    paths = writer.close()
-    assert [os.path.basename(p) for p in paths] == [
-        "train-00000-of-00003.tfrecord",
-        "train-00001-of-00003.tfrecord",
-        "train-00002-of-00003.tfrecord",
-    ]
-    assert writer.counts == [3, 2, 2] and writer.total == 7
-    assert _read(paths[0]) == [b"record0", b"record3", b"record6"]
-    assert sorted(os.listdir(tmp_path / "data")) == sorted(os.path.basename(p) for p in paths)
-
-    # An exception inside the `with` leaves nothing behind.
-    failed = str(tmp_path / "failed" / "x.tfrecord")
-    with pytest.raises(RuntimeError):
-        with tfrecords.TFRecordShardWriter(failed) as writer:
-            writer.write(b"half")
-            raise RuntimeError("interrupted")
-    assert os.listdir(tmp_path / "failed") == []
-
-    # Comma-separated paths (the original --output_file) are taken as they are.
-    listed = f"{tmp_path}/a.rec,{tmp_path}/b.rec"
-    with tfrecords.TFRecordShardWriter(listed) as writer:
-        writer.write(b"1")
-        writer.write(b"2")
-    assert _read(f"{tmp_path}/b.rec") == [b"2"]
-
-
-def test_shard_writer_unwritable_output(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
-    with pytest.raises(OSError, match="cannot open output"):
-        tfrecords.TFRecordShardWriter(str(blocker / "out.tfrecord"))
 
 
 # ----------------------------------------------------------------------------- original tool
@@ -236,7 +195,7 @@ def _write_dataset(directory, num_files, per_file, dynamic):
     paths = []
     for f in range(num_files):
         path = os.path.join(directory, f"part-{f:03d}.tfrecord")
-        with tfrecords.TFRecordShardWriter(path) as writer:
+        with tfrecord_files.TFRecordShardWriter(path) as writer:
             for r in range(per_file):
                 uid = 10 + f * per_file + r
                 ids = [CLS, uid, 7, 8, SEP, 9, 11, 12, SEP]

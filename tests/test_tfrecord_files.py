@@ -54,7 +54,7 @@ def test_framed_records_equal_tensorflow_writer(tmp_path):
 def test_writer_round_robin_atomic_and_readable(tmp_path):
     out = str(tmp_path / "data" / "train.tfrecord")
     records = [b"record%d" % i for i in range(7)]
-    writer = tfrecord_files.FramedShardWriter(out, num_shards=3)
+    writer = tfrecord_files.TFRecordShardWriter(out, num_shards=3)
     writer.write_framed(tfrecord_files.frame_records(records[:4]))
     writer.write_framed(tfrecord_files.frame_records(records[4:]))
     assert os.listdir(tmp_path / "data") and not any(
@@ -70,13 +70,25 @@ def test_writer_round_robin_atomic_and_readable(tmp_path):
     assert sorted(os.listdir(tmp_path / "data")) == sorted(os.path.basename(p) for p in paths)
 
     single = str(tmp_path / "one.tfrecord")
-    with tfrecord_files.FramedShardWriter(single) as writer:
+    with tfrecord_files.TFRecordShardWriter(single) as writer:
         writer.write_framed(tfrecord_files.frame_records(records))
     assert _read(single) == records
 
+    # One record at a time, round-robin or to a chosen shard; comma-separated paths (the
+    # original --output_file) are taken as they are.
+    listed = f"{tmp_path}/a.rec,{tmp_path}/b.rec"
+    with tfrecord_files.TFRecordShardWriter(listed) as writer:
+        writer.write(b"1")
+        writer.write(b"2")
+        writer.write(b"3", shard=1)
+        writer.write_framed(tfrecord_files.frame_records([b"4"]))
+    assert writer.counts == [2, 2]
+    assert _read(f"{tmp_path}/a.rec") == [b"1", b"4"]
+    assert _read(f"{tmp_path}/b.rec") == [b"2", b"3"]
+
     failed = tmp_path / "failed"
     with pytest.raises(RuntimeError):
-        with tfrecord_files.FramedShardWriter(str(failed / "x.tfrecord")) as writer:
+        with tfrecord_files.TFRecordShardWriter(str(failed / "x.tfrecord")) as writer:
             writer.write_framed(tfrecord_files.frame_records([b"half"]))
             raise RuntimeError("interrupted")
     assert os.listdir(failed) == []
@@ -86,4 +98,4 @@ def test_writer_unwritable_output(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with pytest.raises(OSError, match="cannot open output"):
-        tfrecord_files.FramedShardWriter(str(blocker / "out.tfrecord"))
+        tfrecord_files.TFRecordShardWriter(str(blocker / "out.tfrecord"))

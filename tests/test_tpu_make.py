@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from data_pipelines import tfrecords
+from data_pipelines import tfrecord_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARS = dict(PROJECT="my-proj", ZONE="us-central2-b", TPU_NAME="bert-x", BUCKET="gs://bkt")
@@ -198,7 +198,7 @@ def test_data_is_made_on_worker_0_into_the_configs_paths():
             assert "--do_lower_case" in create and data.do_lower_case
             # Where the first shard lands once rsync'ed into the bucket.
             shards = int(flags["num_output_shards"])
-            local = tfrecords.shard_paths(flags["output_file"], shards)[0]
+            local = tfrecord_files.shard_paths(flags["output_file"], shards)[0]
             remote_path = "gs://bkt/wikibooks" + local[len("/scratch/wb") :]
             split = "train" if fnmatch.fnmatch(remote_path, data.train_files) else "eval"
             assert fnmatch.fnmatch(remote_path, getattr(data, f"{split}_files")), remote_path
