@@ -47,6 +47,7 @@ SIZES = {
     "tiny": (2, 128, 2, 16),
     "mini": (4, 256, 4, 16),
     "base": (12, 768, 12, 8),
+    "large": (24, 1024, 16, 8),
 }
 # Our variants: compute dtype and whether the layers are scanned.
 OURS_VARIANTS = {
@@ -457,7 +458,7 @@ def parse_args(argv=None):
         action="store_true",
         help="also time the peers in bf16 (HF Flax dtype, torch autocast)",
     )
-    parser.add_argument("--batch", type=int, default=0, help="0: 16 for mini, 8 for base")
+    parser.add_argument("--batch", type=int, default=0, help="0: 16 for tiny and mini, 8 for base and large")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--preds", type=int, default=20, help="masked positions per sequence")
     parser.add_argument("--vocab", type=int, default=30522)

@@ -198,6 +198,7 @@ class OursRunner(_JaxCases):
             "jax": jax.__version__,
             "prng_impl": spec.get("prng_impl") or "default",
             "bert_jax_from": os.path.dirname(os.path.dirname(os.path.abspath(bert_jax.__file__))),
+            "device": jax.devices()[0].device_kind,
         }
         batch = {k: jnp.asarray(v) for k, v in inputs.items()}
         dims = spec["model"]
@@ -330,28 +331,42 @@ def _hf_config(transformers, dims: dict[str, int]):
 
 
 class TorchRunner:
-    """transformers' PyTorch `BertForPreTraining`, eager, every core, loss from `labels`."""
+    """transformers' PyTorch `BertForPreTraining`, eager, loss from `labels`.
+
+    On the GPU when torch sees one (f32 matmuls in TF32, as XLA's default precision does
+    on such GPUs), else on every CPU core.
+    """
 
     def __init__(self, spec: dict[str, Any], inputs: dict[str, np.ndarray]):
         import torch
         import transformers
 
         torch.set_num_threads(os.cpu_count() or 1)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
         self.versions = {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "threads": torch.get_num_threads(),
+            "device": (
+                torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
+            ),
         }
         self.torch = torch
         self.steps: dict[str, Callable[[], Any]] = {}
         self.first_loss: dict[str, float] = {}
-        kwargs = dict(
-            input_ids=torch.from_numpy(inputs["input_ids"].astype(np.int64)),
-            attention_mask=torch.from_numpy(inputs["input_mask"].astype(np.int64)),
-            token_type_ids=torch.from_numpy(inputs["segment_ids"].astype(np.int64)),
-            labels=torch.from_numpy(mlm_labels(inputs)),
-            next_sentence_label=torch.from_numpy(inputs["next_sentence_labels"].astype(np.int64)),
-        )
+        kwargs = {
+            name: torch.from_numpy(value.astype(np.int64)).to(self.device)
+            for name, value in (
+                ("input_ids", inputs["input_ids"]),
+                ("attention_mask", inputs["input_mask"]),
+                ("token_type_ids", inputs["segment_ids"]),
+                ("labels", mlm_labels(inputs)),
+                ("next_sentence_label", inputs["next_sentence_labels"]),
+            )
+        }
         for case in spec["cases"]:
             name = case["name"]
             if case["mode"] == "matmul":
@@ -359,6 +374,7 @@ class TorchRunner:
                 continue
             torch.manual_seed(0)
             model = transformers.BertForPreTraining(_hf_config(transformers, spec["model"]))
+            model.to(self.device)
             self.versions["attn_implementation"] = model.config._attn_implementation
             model.train()  # dropout on
             autocast = case["dtype"] == "bfloat16"
@@ -372,7 +388,7 @@ class TorchRunner:
                         "weight_decay": 0.0,
                     },
                 ]
-                # fused=True is torch's fastest AdamW on CPU (one kernel over all tensors).
+                # fused=True is torch's fastest AdamW (one kernel over all tensors).
                 optimizer = torch.optim.AdamW(
                     groups,
                     lr=spec["lr"],
@@ -383,7 +399,7 @@ class TorchRunner:
 
             def step(model=model, optimizer=optimizer, autocast=autocast):
                 model.zero_grad(set_to_none=True)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
                     loss = model(**kwargs).loss  # MLM CE over labels != -100, plus NSP CE
                 loss.backward()
                 if optimizer is not None:
@@ -396,16 +412,19 @@ class TorchRunner:
     def _add_matmul(self, name: str, n: int, dtype: str):
         torch = self.torch
         gen = torch.Generator().manual_seed(0)
-        a = torch.randn(n, n, generator=gen).to(getattr(torch, dtype))
-        b = torch.randn(n, n, generator=gen).to(getattr(torch, dtype))
+        a = torch.randn(n, n, generator=gen).to(self.device, getattr(torch, dtype))
+        b = torch.randn(n, n, generator=gen).to(self.device, getattr(torch, dtype))
         torch.mm(a, b)
         self.steps[name] = lambda: torch.mm(a, b)
 
     def run(self, name: str, iters: int) -> list[float]:
+        # Eager CPU ops are synchronous; GPU kernels are waited for within each timed step.
+        sync = self.torch.cuda.synchronize if self.device.type == "cuda" else lambda: None
         times = []
         for _ in range(iters):
             start = time.perf_counter()
-            self.steps[name]()  # eager CPU ops are synchronous
+            self.steps[name]()
+            sync()
             times.append(time.perf_counter() - start)
         return times
 
