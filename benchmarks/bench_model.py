@@ -458,7 +458,9 @@ def parse_args(argv=None):
         action="store_true",
         help="also time the peers in bf16 (HF Flax dtype, torch autocast)",
     )
-    parser.add_argument("--batch", type=int, default=0, help="0: 16 for tiny and mini, 8 for base and large")
+    parser.add_argument(
+        "--batch", type=int, default=0, help="0: 16 for tiny and mini, 8 for base and large"
+    )
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--preds", type=int, default=20, help="masked positions per sequence")
     parser.add_argument("--vocab", type=int, default=30522)
