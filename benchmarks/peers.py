@@ -350,9 +350,7 @@ class TorchRunner:
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "threads": torch.get_num_threads(),
-            "device": (
-                torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
-            ),
+            "device": (torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"),
         }
         self.torch = torch
         self.steps: dict[str, Callable[[], Any]] = {}
