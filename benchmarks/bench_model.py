@@ -38,6 +38,8 @@ import numpy as np
 from tqdm import tqdm
 
 from benchmarks import peers
+from bert_jax import metrics
+from bert_jax.config import BertConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS_SCRIPT = os.path.join(ROOT, "benchmarks", "peers.py")
@@ -84,19 +86,21 @@ def make_inputs(batch: int, seq: int, preds: int, vocab: int, seed: int) -> dict
     }
 
 
-def train_flops(layers: int, hidden: int, vocab: int, batch: int, seq: int, mlm_rows: int) -> float:
-    """Matmul FLOPs of one forward + backward (3x forward), `mlm_rows` rows of MLM logits.
+def train_flops(size: str, vocab: int, batch: int, seq: int, predictions: int) -> float:
+    """Model FLOPs of one training step with MLM logits at `predictions` rows a sequence.
 
-    Forward: 2 * (matmul params) * (rows they apply to) + attention scores and context
-    (2 * 2 * B * T^2 * H per layer). Embedding look-ups, softmax, LayerNorm and the
-    optimizer are not counted.
+    `bert_jax.metrics.train_flops_per_step`, the count training logs its MFU with (matmuls
+    only, backward = 2x forward; tests/test_model_flops.py checks it against the model).
     """
-    tokens = batch * seq
-    encoder = 2 * tokens * layers * 12 * hidden * hidden  # QKVO 4H^2 + FFN 8H^2
-    attention = 4 * batch * layers * seq * seq * hidden
-    heads = 2 * batch * (hidden * hidden + 2 * hidden)  # pooler + NSP
-    mlm = 2 * mlm_rows * (hidden * hidden + hidden * vocab)  # transform + tied decoder
-    return 3.0 * (encoder + attention + heads + mlm)
+    layers, hidden, heads, _ = SIZES[size]
+    config = BertConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+    )
+    return metrics.train_flops_per_step(config, batch, seq, predictions)
 
 
 class Worker:
@@ -245,7 +249,7 @@ def summarise(times: list[float]) -> dict[str, float]:
 
 def run_size(args, size: str, workdir: str) -> dict[str, Any]:
     """Builds every worker for `size`, times all cases interleaved, returns the records."""
-    layers, hidden, _, default_batch = SIZES[size]
+    default_batch = SIZES[size][3]
     batch = args.batch or default_batch
     inputs_path = os.path.join(workdir, f"inputs_{size}.npz")
     np.savez(inputs_path, **make_inputs(batch, args.seq, args.preds, args.vocab, args.seed))
@@ -315,13 +319,12 @@ def run_size(args, size: str, workdir: str) -> dict[str, Any]:
                 preds=args.preds,
                 scan=case.get("scan"),
             )
-            rec["useful_flops"] = train_flops(
-                layers, hidden, args.vocab, batch, args.seq, batch * args.preds
-            )
+            rec["useful_flops"] = train_flops(size, args.vocab, batch, args.seq, args.preds)
+            # The HF peers run the MLM decoder over every position.
             rec["executed_flops"] = (
                 rec["useful_flops"]
                 if case["peer"] == "ours"
-                else (train_flops(layers, hidden, args.vocab, batch, args.seq, batch * args.seq))
+                else train_flops(size, args.vocab, batch, args.seq, args.seq)
             )
             rec["seq_per_s"] = batch / rec["median_s"]
             rec["useful_gflops"] = rec["useful_flops"] / rec["median_s"] / 1e9
@@ -484,6 +487,8 @@ def parse_args(argv=None):
             parser.error(f"--{name}: unknown {bad}; choose from {sorted(allowed)}")
         if name in ("modes", "peers"):
             setattr(args, name, values)
+    if args.vocab <= 1000:  # make_inputs draws word ids from [1000, vocab)
+        parser.error(f"--vocab={args.vocab}: must be above 1000 (ids 0-999 are left unused)")
     return args
 
 
