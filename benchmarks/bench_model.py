@@ -39,7 +39,6 @@ from tqdm import tqdm
 
 from benchmarks import peers
 from bert_jax import metrics
-from bert_jax.config import BertConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS_SCRIPT = os.path.join(ROOT, "benchmarks", "peers.py")
@@ -86,21 +85,20 @@ def make_inputs(batch: int, seq: int, preds: int, vocab: int, seed: int) -> dict
     }
 
 
-def train_flops(size: str, vocab: int, batch: int, seq: int, predictions: int) -> float:
+def model_dims(size: str, vocab: int) -> dict[str, int]:
+    """The "model" entry of a worker spec: what every peer builds its BERT from."""
+    layers, hidden, heads, _ = SIZES[size]
+    return dict(vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads)
+
+
+def train_flops(dims: dict[str, int], batch: int, seq: int, predictions: int) -> float:
     """Model FLOPs of one training step with MLM logits at `predictions` rows a sequence.
 
-    `bert_jax.metrics.train_flops_per_step`, the count training logs its MFU with (matmuls
-    only, backward = 2x forward; tests/test_model_flops.py checks it against the model).
+    `bert_jax.metrics.train_flops_per_step` of the config our worker builds from `dims`:
+    the count training logs its MFU with (matmuls only, backward = 2x forward;
+    tests/test_model_flops.py checks it against the model).
     """
-    layers, hidden, heads, _ = SIZES[size]
-    config = BertConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=4 * hidden,
-    )
-    return metrics.train_flops_per_step(config, batch, seq, predictions)
+    return metrics.train_flops_per_step(peers.ours_config(dims), batch, seq, predictions)
 
 
 class Worker:
@@ -148,9 +146,8 @@ class Worker:
 
 def plan_size(args, size: str) -> list[dict[str, Any]]:
     """The workers for one model size: peer, python, and the cases each one builds."""
-    layers, hidden, heads, default_batch = SIZES[size]
-    batch = args.batch or default_batch
-    model = dict(vocab_size=args.vocab, hidden_size=hidden, num_layers=layers, num_heads=heads)
+    batch = args.batch or SIZES[size][3]
+    model = model_dims(size, args.vocab)
     shape = dict(batch=batch, seq=args.seq, preds=args.preds)
     plans = []
     flag_sets = args.ours_xla_flags.split(";")
@@ -249,8 +246,7 @@ def summarise(times: list[float]) -> dict[str, float]:
 
 def run_size(args, size: str, workdir: str) -> dict[str, Any]:
     """Builds every worker for `size`, times all cases interleaved, returns the records."""
-    default_batch = SIZES[size][3]
-    batch = args.batch or default_batch
+    batch = args.batch or SIZES[size][3]
     inputs_path = os.path.join(workdir, f"inputs_{size}.npz")
     np.savez(inputs_path, **make_inputs(batch, args.seq, args.preds, args.vocab, args.seed))
     workers, order = [], []
@@ -295,6 +291,7 @@ def run_size(args, size: str, workdir: str) -> dict[str, Any]:
     finally:
         for worker, _ in workers:
             worker.close()
+    dims = model_dims(size, args.vocab)
     records = []
     for worker, case in order:
         rec = dict(
@@ -319,12 +316,12 @@ def run_size(args, size: str, workdir: str) -> dict[str, Any]:
                 preds=args.preds,
                 scan=case.get("scan"),
             )
-            rec["useful_flops"] = train_flops(size, args.vocab, batch, args.seq, args.preds)
+            rec["useful_flops"] = train_flops(dims, batch, args.seq, args.preds)
             # The HF peers run the MLM decoder over every position.
             rec["executed_flops"] = (
                 rec["useful_flops"]
                 if case["peer"] == "ours"
-                else train_flops(size, args.vocab, batch, args.seq, args.seq)
+                else train_flops(dims, batch, args.seq, args.seq)
             )
             rec["seq_per_s"] = batch / rec["median_s"]
             rec["useful_gflops"] = rec["useful_flops"] / rec["median_s"] / 1e9

@@ -177,6 +177,20 @@ class _JaxCases:
 # --- our model ------------------------------------------------------------------------------
 
 
+def ours_config(dims: dict[str, int], **overrides: Any):
+    """The `bert_jax` config of a benchmark size (`dims` as the plan's "model" entry)."""
+    from bert_jax.config import BertConfig
+
+    return BertConfig(
+        vocab_size=dims["vocab_size"],
+        hidden_size=dims["hidden_size"],
+        num_hidden_layers=dims["num_layers"],
+        num_attention_heads=dims["num_heads"],
+        intermediate_size=4 * dims["hidden_size"],
+        **overrides,
+    )
+
+
 class OursRunner(_JaxCases):
     """`bert_jax.heads.BertForPreTraining`: MLM logits only at the masked positions."""
 
@@ -191,7 +205,6 @@ class OursRunner(_JaxCases):
         import optax
 
         import bert_jax
-        from bert_jax.config import BertConfig
         from bert_jax.heads import BertForPreTraining
 
         self.versions = {
@@ -207,12 +220,8 @@ class OursRunner(_JaxCases):
             if case["mode"] == "matmul":
                 self.add_matmul(name, case["n"], case["dtype"])
                 continue
-            config = BertConfig(
-                vocab_size=dims["vocab_size"],
-                hidden_size=dims["hidden_size"],
-                num_hidden_layers=dims["num_layers"],
-                num_attention_heads=dims["num_heads"],
-                intermediate_size=4 * dims["hidden_size"],
+            config = ours_config(
+                dims,
                 dtype=case["dtype"],
                 scan_layers=case["scan"],
                 remat_policy=case.get("remat", "none"),
