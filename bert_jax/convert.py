@@ -393,7 +393,7 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
+    from data_pipelines import cli
 
     _define_flags()
-    app.run(main)
+    cli.run(main)

@@ -193,7 +193,9 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app, flags
+    from absl import flags
+
+    from data_pipelines import cli
 
     flags.DEFINE_string(
         "input_file",
@@ -206,4 +208,4 @@ if __name__ == "__main__":
     flags.DEFINE_integer("num_unused", 0, "[unusedN] slots after [PAD].")
     flags.DEFINE_enum("model_type", "wordpiece", list(MODEL_TYPES), "What to train.")
     flags.mark_flags_as_required(["input_file", "output_file"])
-    app.run(main)
+    cli.run(main)

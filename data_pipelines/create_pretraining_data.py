@@ -648,8 +648,10 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app, flags
+    from absl import flags
+
+    from data_pipelines import cli
 
     _define_flags()
     flags.mark_flags_as_required(["output_file", "vocab_file"])
-    app.run(main)
+    cli.run(main)

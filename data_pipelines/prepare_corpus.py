@@ -140,7 +140,9 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app, flags
+    from absl import flags
+
+    from data_pipelines import cli
 
     flags.DEFINE_enum("corpus", None, list(CORPORA), "The embedded corpus to write.")
     flags.DEFINE_string("output_file", None, "The text file to write (original BERT format).")
@@ -151,4 +153,4 @@ if __name__ == "__main__":
         "Daily: first N lines of the source (for quick tests). Default: everything.",
     )
     flags.mark_flags_as_required(["corpus", "output_file"])
-    app.run(main)
+    cli.run(main)

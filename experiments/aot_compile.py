@@ -26,6 +26,8 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from data_pipelines import cli
+
 GiB = 1024**3
 
 # HBM of one JAX device. TPU v2/v3 expose each TensorCore as a device (v3: 32 GiB per
@@ -380,7 +382,7 @@ def _run():
     # stop this one. Both must be set before JAX starts.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    app.run(lambda argv: sys.exit(main(argv)))
+    cli.run(lambda argv: sys.exit(main(argv)))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from bert_jax import distill, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForSequenceClassification
+from data_pipelines import cli
 from data_pipelines.tasks.classification_features import encode_sentences
 from data_pipelines.tasks.sentence_tasks import load_sentence_task
 from data_pipelines.tokenization import load_tokenizer
@@ -344,4 +345,4 @@ if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "Distillation config file.", lock_config=True)
     flags.DEFINE_string("workdir", None, "Where students, results.json and results.md go.")
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    cli.run(main)

@@ -39,7 +39,7 @@ from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import weighted_cross_entropy
 from bert_jax.weight_names import HEAD_SPECS
-from data_pipelines import input_pipeline
+from data_pipelines import cli, input_pipeline
 
 BATCH_KEYS = (
     "input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -193,4 +193,4 @@ if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "MLM distillation config.", lock_config=True)
     flags.DEFINE_string("workdir", None, "Where the student and metrics.json go.")
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    cli.run(main)

@@ -266,7 +266,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from absl import app
+    from data_pipelines import cli
 
     _define_flags()
-    app.run(main)
+    cli.run(main)

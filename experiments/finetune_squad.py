@@ -36,6 +36,7 @@ from bert_jax import eval_metrics, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForQuestionAnswering
+from data_pipelines import cli
 from data_pipelines.tasks import squad
 from data_pipelines.tasks.squad_predictions import postprocess
 from data_pipelines.tokenization import load_tokenizer
@@ -240,4 +241,4 @@ if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.", lock_config=True)
     flags.DEFINE_string("workdir", None, "Where predictions.json and metrics.json are written.")
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    cli.run(main)

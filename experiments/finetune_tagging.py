@@ -37,6 +37,7 @@ from bert_jax import eval_metrics, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForTokenClassification
+from data_pipelines import cli
 from data_pipelines.tasks.conll import write_conll
 from data_pipelines.tasks.tagging_features import TaggingFeatures, decode, encode_tagged
 from data_pipelines.tasks.tagging_tasks import load_tagging_task
@@ -228,4 +229,4 @@ if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.", lock_config=True)
     flags.DEFINE_string("workdir", None, "Where metrics.json and predictions are written.")
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    cli.run(main)

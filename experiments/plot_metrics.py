@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 from absl import app, flags, logging
 
+from data_pipelines import cli
+
 METRICS_FILE = "metrics.jsonl"
 SPLITS = ("train", "eval")
 
@@ -155,4 +157,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

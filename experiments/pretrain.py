@@ -10,6 +10,8 @@ elsewhere give --coordinator_address, --num_processes and --process_id.
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from data_pipelines import cli
+
 config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events.")
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host off TPU).")
@@ -47,4 +49,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

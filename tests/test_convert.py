@@ -474,7 +474,8 @@ def _cli(*args):
 
 
 def test_cli_help():
-    result = _cli("--help")  # absl prints the flags and exits
+    result = _cli("--help")  # prints the flags and exits 0
+    assert result.returncode == 0, result.stderr[-2000:]
     for flag in ("--input", "--output", "--format", "--bert_config_file", "--overwrite"):
         assert flag in result.stdout
 

@@ -1,0 +1,168 @@
+"""How every `python -m <package>.<tool>` runs: absl's `app.run`, with two fixes.
+
+- `--help`, `-h`, `-?`, `--helpshort` and `--helpfull` print the help and exit 0 (absl exits 1,
+  and has no `-h`); scripts that probe a tool with `--help` expect success.
+- A `--config.<key>=value` override naming no key of the config is one line naming the key
+  and the closest valid keys, instead of the traceback ml_collections raises from inside
+  flag parsing.
+
+It lives in `data_pipelines`, the package every other one may import.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from collections.abc import Callable
+
+from absl import app, flags
+
+
+class _HelpFlag(app.HelpFlag):
+    """`--help` / `-h`: the short help, exit 0."""
+
+    SHORT_NAME = "h"
+
+    def parse(self, arg):
+        if self._parse(arg):
+            app.usage(shorthelp=True, writeto_stdout=True)
+            print("\nTry --helpfull to get a list of all flags.")
+            sys.exit(0)
+
+
+class _HelpshortFlag(_HelpFlag):
+    """`--helpshort` / `-?` (absl's short name for help): the same."""
+
+    NAME = "helpshort"
+    SHORT_NAME = "?"
+
+
+class _HelpfullFlag(app.HelpfullFlag):
+    """`--helpfull`: every module's flags, exit 0."""
+
+    def parse(self, arg):
+        if self._parse(arg):
+            app.usage(writeto_stdout=True)
+            sys.exit(0)
+
+
+def _define_help_flags() -> None:
+    """Replaces absl's help flags by ours (absl's registration then finds them defined)."""
+    if "help" in flags.FLAGS and isinstance(flags.FLAGS["help"], _HelpFlag):
+        return
+    app.define_help_flags()  # idempotent: app.run will not register absl's again
+    for flag in (_HelpFlag(), _HelpshortFlag(), _HelpfullFlag()):
+        old = flags.FLAGS[flag.name]
+        for name in (old.name, old.short_name):
+            if name and name in flags.FLAGS:  # absl deletes one name of a flag at a time
+                delattr(flags.FLAGS, name)
+        flags.DEFINE_flag(flag)
+
+
+def run(main: Callable[[list[str]], object]) -> None:
+    """`absl.app.run(main)` with a help that exits 0 and one-line config-key errors."""
+    _define_help_flags()
+    app.run(main, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    try:
+        return app.parse_flags_with_usage(argv)
+    except (AttributeError, KeyError, IndexError):
+        # ml_collections raises these when an override names no key of the config.
+        message = unknown_config_key(argv)
+        if message is None:
+            raise
+        sys.stderr.write(f"FATAL Flags parsing error: {message}\n")
+        sys.exit(1)
+
+
+# --- config overrides ---------------------------------------------------------------------
+
+
+_OVERRIDE = re.compile(r"^--?(?:no)?([A-Za-z_]\w*)\.([^=]+)")
+
+
+def unknown_config_key(argv: list[str]) -> str | None:
+    """The error for the first `--<config flag>.<path>` in `argv` naming no key, or None."""
+    configs = {}
+    for arg in argv[1:]:
+        if arg == "--":
+            break
+        match = _OVERRIDE.match(arg)
+        if not match or match.group(1) not in flags.FLAGS:
+            continue
+        name, path = match.groups()
+        if name not in configs:
+            configs[name] = _config_value(name, argv)
+        config = configs[name]
+        if config is None:
+            continue
+        missing = _missing_prefix(config, path.split("."))
+        if missing is not None:
+            return (
+                f"--{name}.{path}: the config has no key {missing!r}; "
+                f"{_suggest(config, name, path, missing)}"
+            )
+    return None
+
+
+def _config_value(name: str, argv: list[str]):
+    """The config of config flag `name` as loaded from `argv`, before any override."""
+    flag = flags.FLAGS[name]
+    args = argv[1:]
+    for i, arg in enumerate(args):
+        value = None
+        if arg.startswith((f"--{name}=", f"-{name}=")):
+            value = arg.split("=", 1)[1]
+        elif arg in (f"--{name}", f"-{name}") and i + 1 < len(args):
+            value = args[i + 1]
+        if value is not None:
+            try:
+                return flag.parser.parse(value)
+            except Exception:  # noqa: BLE001 - the config's own error surfaces elsewhere
+                return None
+    return flag.value if hasattr(flag.value, "keys") else None
+
+
+def _missing_prefix(config, keys: list[str]) -> str | None:
+    """The shortest prefix of `keys` (dotted) that does not exist in `config`, or None."""
+    node = config
+    for depth, key in enumerate(keys):
+        if hasattr(node, "keys") and key in node:
+            node = node[key]
+        elif isinstance(node, (list, tuple)) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return ".".join(keys[: depth + 1])
+    return None
+
+
+def _paths(config, prefix: str = "") -> list[str]:
+    """Every key of `config`, dotted, nested dicts included."""
+    out = []
+    for key in config.keys():
+        path = f"{prefix}{key}"
+        out.append(path)
+        value = config[key]
+        if hasattr(value, "keys"):
+            out += _paths(value, f"{path}.")
+    return out
+
+
+def _suggest(config, name: str, path: str, missing: str) -> str:
+    """'did you mean --config.a.b?' for the key paths whose last key is close to the given
+    one (a misspelled key, or a right key at the wrong level), else the keys at that level."""
+    paths = _paths(config)
+    last = path.rsplit(".", 1)[-1]
+
+    def similarity(candidate: str) -> float:
+        return difflib.SequenceMatcher(None, last, candidate.rsplit(".", 1)[-1]).ratio()
+
+    close = sorted((p for p in paths if similarity(p) >= 0.7), key=similarity, reverse=True)
+    if close:
+        return "did you mean " + " or ".join(f"--{name}.{c}" for c in close[:3]) + "?"
+    parent = missing.rpartition(".")[0]
+    level = sorted(p.rpartition(".")[2] for p in paths if p.rpartition(".")[0] == parent)
+    return f"valid keys{f' in {parent!r}' if parent else ''}: {', '.join(level)}"
