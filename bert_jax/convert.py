@@ -50,6 +50,7 @@ from bert_jax.weight_names import (
 )
 from bert_jax.weight_readers import (
     Source,
+    check_vocab,
     detect_format,
     load_params,
     open_source,
@@ -59,6 +60,7 @@ from bert_jax.weight_readers import (
 
 __all__ = [
     "ConversionError",
+    "check_vocab",
     "detect_format",
     "load_params",
     "load_pretrained",
@@ -164,17 +166,6 @@ def _fill(source: Source, module: nn.Module, config: BertConfig, rng) -> Params:
     return params
 
 
-def _check_vocab(vocab_file: str | None, config: BertConfig) -> None:
-    if not vocab_file:
-        return
-    with open(vocab_file, encoding="utf-8") as f:
-        size = sum(1 for _ in f)
-    if size > config.vocab_size:
-        raise ConversionError(
-            f"{vocab_file}: {size} tokens but the model's vocab_size is {config.vocab_size}"
-        )
-
-
 def load_pretrained(
     path: str | os.PathLike,
     config: BertConfig | None = None,
@@ -208,7 +199,7 @@ def load_pretrained(
         if source.config is None:
             raise ConversionError(f"{source.location}: no config file found; pass a config")
         config = source.config
-    _check_vocab(source.vocab_file, config)
+    check_vocab(source.vocab_file, config)
     if model == "auto":
         heads = all(any(source.has(s) for s in HEAD_SPECS[h]) for h in ("mlm", "nsp"))
         model = "pretraining" if heads else "encoder"
@@ -295,6 +286,7 @@ def save_hf(
     from safetensors.numpy import save_file
 
     output_dir = os.fspath(output_dir)
+    check_vocab(vocab_file, config)
     state, arch = to_hf_state_dict(config, params)
     hf_config = {**config.to_hf_dict(), "architectures": [arch]}
     if arch in ("BertForSequenceClassification", "BertForTokenClassification"):

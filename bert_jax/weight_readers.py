@@ -94,6 +94,23 @@ class Source:
         return sorted(self.display(n) for n in names)
 
 
+def check_vocab(vocab_file: str | None, config: BertConfig) -> None:
+    """Refuses a vocab.txt with more tokens than the model has embedding rows.
+
+    Its ids past `vocab_size` would gather nothing (NaN features) or be written beside a
+    model that cannot embed them. Fewer tokens are fine: embedding tables are often padded
+    (e.g. to a multiple of 8) beyond the vocabulary.
+    """
+    if not vocab_file:
+        return
+    with open(vocab_file, encoding="utf-8") as f:
+        size = sum(1 for _ in f)
+    if size > config.vocab_size:
+        raise ConversionError(
+            f"{vocab_file}: {size} tokens but the model's vocab_size is {config.vocab_size}"
+        )
+
+
 def _found(directory: str, name: str) -> str | None:
     path = os.path.join(directory, name)
     return path if os.path.exists(path) else None
@@ -363,6 +380,7 @@ def save_params(
     import orbax.checkpoint as ocp
 
     output_dir = os.fspath(output_dir)
+    check_vocab(vocab_file, config)
     with writing_dir(output_dir, overwrite) as tmp:
         config.write_json(os.path.join(tmp, "config.json"), flavour="hf")
         if vocab_file:

@@ -197,6 +197,7 @@ def run(
     vocab_file = vocab_file or found_vocab
     if vocab_file is None:
         raise ValueError(f"--vocab_file is required: no vocab.txt beside {init_checkpoint}")
+    convert.check_vocab(vocab_file, config)  # ids past vocab_size would give NaN features
     if not 3 <= max_seq_length <= config.max_position_embeddings:
         raise ValueError(
             f"--max_seq_length={max_seq_length} must be in [3, max_position_embeddings="

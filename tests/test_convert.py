@@ -449,6 +449,26 @@ def test_not_a_checkpoint_and_vocab_too_long(tiny_hf, tmp_path):
         convert.load_pretrained(directory)
 
 
+def test_a_vocab_file_larger_than_the_model_is_refused_on_export(tiny_hf, tmp_path):
+    long_vocab = tmp_path / "vocab.txt"
+    words = (tiny_hf / "vocab.txt").read_text().split() + [f"extra{i}" for i in range(20)]
+    long_vocab.write_text("\n".join(words) + "\n")
+    both_sizes = f"{long_vocab}: 70 tokens but the model's vocab_size is 50"
+    result = _cli(f"--input={tiny_hf}", f"--output={tmp_path / 'hf'}", f"--vocab_file={long_vocab}")
+    assert result.returncode == 1 and both_sizes in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["vocab.txt"]  # nothing written, no temporaries
+    config, params, _ = convert.load_pretrained(tiny_hf)
+    for save in (convert.save_hf, convert.save_params):
+        with pytest.raises(convert.ConversionError, match=re.escape(both_sizes)):
+            save(tmp_path / "out", config, params, vocab_file=str(long_vocab))
+    assert sorted(os.listdir(tmp_path)) == ["vocab.txt"]
+    # A shorter vocab is fine (an embedding table padded past the vocabulary).
+    short_vocab = tmp_path / "short.txt"
+    short_vocab.write_text("\n".join(words[:40]) + "\n")
+    convert.save_params(tmp_path / "out", config, params, vocab_file=str(short_vocab))
+    assert (tmp_path / "out" / "vocab.txt").read_text() == short_vocab.read_text()
+
+
 def test_google_checkpoint_missing_tensor_is_named(tiny_hf, tmp_path):
     variables, _ = _google_variables(
         load_file(tiny_hf / "model.safetensors"), BertConfig(**TINY), seed=1

@@ -193,3 +193,56 @@ def test_cli_help_and_bad_flags(tmp_path):
     )
     assert result.returncode != 0 and "--layers='-7': [-7] out of range" in result.stderr
     assert not out.exists() and not Path(f"{out}.tmp").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory):
+    """A random 2-layer encoder in HF layout with a vocab.txt of exactly its 50 tokens."""
+    import jax
+
+    from bert_jax import convert
+    from bert_jax.config import BertConfig
+    from bert_jax.model import BertModel
+
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=24,
+    )
+    ids = jax.numpy.zeros((1, 4), jax.numpy.int32)
+    params = BertModel(config).init(jax.random.key(0), ids, ids, ids)["params"]
+    directory = tmp_path_factory.mktemp("tiny") / "hf"
+    convert.save_hf(directory, config, params)
+    words = [f"w{i}" for i in range(45)]
+    (directory / "vocab.txt").write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n"
+    )
+    return directory
+
+
+def test_a_vocab_larger_than_the_model_is_refused_before_any_output(tiny_hf, tmp_path):
+    # 70 tokens for a 50-row embedding table: ids 50..69 would gather NaN features.
+    long_vocab = tmp_path / "vocab.txt"
+    words = (tiny_hf / "vocab.txt").read_text().split() + [f"extra{i}" for i in range(20)]
+    long_vocab.write_text("\n".join(words) + "\n")
+    (tmp_path / "in.txt").write_text("extra19 w1 extra3\n")
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(
+        ValueError, match=rf"{long_vocab}: 70 tokens but the model's vocab_size is 50"
+    ):
+        ef.run(
+            str(tmp_path / "in.txt"),
+            str(out),
+            str(tiny_hf),
+            vocab_file=str(long_vocab),
+            layers="-1",
+            max_seq_length=8,
+        )
+    assert not out.exists() and not Path(f"{out}.tmp").exists()
+    # The model's own vocab works, and every value is a number.
+    ef.run(str(tmp_path / "in.txt"), str(out), str(tiny_hf), layers="-1", max_seq_length=8)
+    values = json.loads(out.read_text())["features"][1]["layers"][0]["values"]
+    assert len(values) == 16 and np.isfinite(values).all()
