@@ -12,15 +12,6 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
 
-# Tools whose files are being edited in parallel; each is to switch from `app.run(main)` to
-# `cli.run(main)`. Strict: the day one of them does, its entry here fails and must go.
-NOT_YET = {
-    "benchmarks/pretrain_reference.py",
-    "data_pipelines/imdb.py",
-    "experiments/demo.py",
-    "experiments/finetune_classification.py",
-}
-
 
 def _absl_tools() -> list[str]:
     """Every module run as `python -m ...` that parses its flags with absl."""
@@ -33,12 +24,7 @@ def _absl_tools() -> list[str]:
     return tools
 
 
-TOOLS = [
-    pytest.param(t, marks=pytest.mark.xfail(strict=True, reason="not on cli.run yet"))
-    if t in NOT_YET
-    else t
-    for t in _absl_tools()
-]
+TOOLS = _absl_tools()
 
 
 def _module(tool: str) -> str:
@@ -60,7 +46,7 @@ def test_the_tools_are_found():
     tools = _absl_tools()
     assert "experiments/pretrain.py" in tools and "bert_jax/convert.py" in tools
     assert "data_pipelines/create_pretraining_data.py" in tools
-    assert NOT_YET <= set(tools)
+    assert "benchmarks/pretrain_reference.py" in tools
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -69,7 +55,7 @@ def test_every_tool_runs_through_cli_run(tool):
     assert "cli.run(" in text and "app.run(" not in text
 
 
-@pytest.mark.parametrize("tool", [t for t in _absl_tools() if t not in NOT_YET])
+@pytest.mark.parametrize("tool", TOOLS)
 def test_h_prints_the_help_and_exits_0(tool):
     result = _run(_module(tool), "-h")
     assert result.returncode == 0, result.stderr[-2000:]
