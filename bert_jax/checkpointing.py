@@ -9,13 +9,20 @@ Orbax writes each step to a temporary directory and renames it when complete, so
 checkpoint interrupted mid-write is never listed, never loaded. Restoring takes abstract
 arrays carrying the *current* shardings, so a checkpoint written on one mesh restores
 onto another mesh shape or device count.
+
+A save that fails raises `CheckpointError` naming the directory: at once when the step
+directory cannot be made, else when the background write is found to have failed
+(`finish_saves`, which the train loop polls every step), never only at exit.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import logging as logging_lib
 import os
 import signal
+import tempfile
 import threading
 from typing import Any
 
@@ -26,29 +33,98 @@ from absl import logging
 _ITEMS = ("state", "data", "config")
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read; the message names the directory."""
+
+
 def make_manager(
     directory: str, *, max_to_keep: int = 3, async_save: bool = True, create: bool = True
 ):
-    """A `CheckpointManager` for `directory` (local or `gs://`); `create=False` to only read."""
+    """A `CheckpointManager` for `directory` (local or `gs://`); `create=False` to only read.
+
+    `create=True` also checks that a local `directory` can be written, so a run that could
+    never save stops before its first step.
+    """
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
         enable_async_checkpointing=async_save,
         create=create,
+        # The step directory is made on the calling thread, so a directory that cannot be
+        # written fails `save` at once. Made in the background, its failure left Orbax's
+        # writer threads waiting for it until their 5-minute timeout, at exit.
+        async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
     )
     directory = os.fspath(directory)
     if "://" not in directory:  # Orbax refuses relative local paths
         directory = os.path.abspath(directory)
+        if create:
+            _check_writable(directory)
     return ocp.CheckpointManager(directory, options=options, item_names=_ITEMS)
 
 
+def _check_writable(directory: str) -> None:
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise CheckpointError(f"cannot write checkpoints to {directory}: it is not a directory")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise CheckpointError(f"cannot write checkpoints to {directory}: {error}") from None
+
+
+def _reason(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
 def save(manager, step: int, state, data_positions: list[dict], config_json: dict) -> bool:
-    """Starts an (async) save of `state` with the data positions and the config."""
+    """Starts an (async) save of `state` with the data positions and the config.
+
+    Raises `CheckpointError` if the previous save failed or this one cannot start.
+    """
+    finish_saves(manager)  # what manager.save would wait for first, with our error
     args = ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave({"positions": data_positions}),
         config=ocp.args.JsonSave(config_json),
     )
-    return manager.save(step, args=args, force=True)
+    try:
+        return manager.save(step, args=args, force=True)
+    except Exception as error:
+        raise CheckpointError(
+            f"cannot save checkpoint step {step} in {manager.directory}: {_reason(error)}"
+        ) from None
+
+
+def finish_saves(manager) -> None:
+    """Waits for the background save, if any; raises `CheckpointError` if it failed."""
+    try:
+        manager.wait_until_finished()
+    except Exception as error:
+        message = f"saving a checkpoint in {manager.directory} failed: {_reason(error)}"
+        _drop_abandoned_writes(error)
+        raise CheckpointError(message) from None
+
+
+def _drop_abandoned_writes(error: BaseException) -> None:
+    """Collects the writes a failed Orbax save left behind, now and quietly.
+
+    Orbax stops at the first failed write and closes its event loop with the others still
+    pending; the loop stays alive through the frames of the error it keeps. Left to
+    interpreter exit, each pending write printed "sys.meta_path is None" or "Task exception
+    was never retrieved" after our own error. Their errors are the one we raise.
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:  # its frames hold the loop
+        seen.add(id(error))
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+    asyncio_log = logging_lib.getLogger("asyncio")
+    disabled, asyncio_log.disabled = asyncio_log.disabled, True
+    try:
+        gc.collect()
+    finally:
+        asyncio_log.disabled = disabled
 
 
 def abstract_like(state, shardings):
@@ -124,7 +200,8 @@ class PreemptionWatcher:
 
     def _on_sigterm(self, signum, frame):
         del signum, frame
-        logging.warning("SIGTERM received: saving a checkpoint and stopping")
+        # No word of a checkpoint yet: the loop says so once the save has landed.
+        logging.warning("SIGTERM received: stopping after the current step")
         self._event.set()
 
     def should_stop(self, step: int) -> bool:

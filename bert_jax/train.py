@@ -230,8 +230,8 @@ def _restore(config, workdir, abstract_state, shardings):
     if own.latest_step() is not None:
         state, positions, _ = checkpointing.restore(own, None, target)
         return state, positions[jax.process_index()], f"{own.directory} step {int(state.step)}"
-    if config.resume_from:
-        other = checkpointing.make_manager(config.resume_from, async_save=False)
+    if config.resume_from:  # only read: it may be another run's, or read-only
+        other = checkpointing.make_manager(config.resume_from, async_save=False, create=False)
         state, positions, saved = checkpointing.restore(other, None, target)
         same_data = saved.get("data_identity") == _data_identity(config)
         position = positions[jax.process_index()] if same_data else None
@@ -312,40 +312,54 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     stop = config.get("stop_at_step") or config.num_train_steps
     pending: list[tuple[int, dict]] = []
     last: dict[str, float] = {}
+    saving = False  # a background save not yet known to have landed
     progress = tqdm(total=stop, initial=start, disable=jax.process_index() != 0, desc="pretrain")
     timer = (time.perf_counter(), start)
-    with sharding.activation_context(mesh):
-        if start == 0:
-            evaluate(0)
-        for step in range(start + 1, stop + 1):
-            state, step_metrics = step_fn(state, sharding.global_batch(next(train_data), mesh), rng)
-            pending.append((step, step_metrics))
-            progress.update(1)
-            if step == start + 1:  # keep compilation out of the throughput figures
-                jax.block_until_ready(state.step)
-                timer = (time.perf_counter(), step)
-            stopping = watcher.should_stop(step)
-            checkpoint_now = step % config.checkpoint_every == 0 or step == stop or stopping
-            if step % config.log_every == 0 or checkpoint_now:
-                # Checked before any save, so a checkpoint never holds a non-finite state.
-                last = _flush(pending, writer, timer, step, flops, peak, config, manager)
-                timer = (time.perf_counter(), step)
-                progress.set_postfix(
-                    loss=f"{last['loss']:.3f}", mlm_acc=f"{last['mlm_accuracy']:.3f}"
-                )
-                pending = []
-            if config.eval_every and step % config.eval_every == 0:
-                last |= {f"eval_{k}": v for k, v in evaluate(step).items()}
-            if checkpoint_now:
-                save(step)
-            if stopping:
-                logging.warning("stopped by SIGTERM after step %d (checkpoint saved)", step)
-                break
-    progress.close()
-    manager.wait_until_finished()
-    manager.close()
-    watcher.close()
-    writer.close()
+    try:
+        with sharding.activation_context(mesh):
+            if start == 0:
+                evaluate(0)
+            for step in range(start + 1, stop + 1):
+                batch = sharding.global_batch(next(train_data), mesh)
+                state, step_metrics = step_fn(state, batch, rng)
+                pending.append((step, step_metrics))
+                progress.update(1)
+                if step == start + 1:  # keep compilation out of the throughput figures
+                    jax.block_until_ready(state.step)
+                    timer = (time.perf_counter(), step)
+                if saving and not manager.is_saving_in_progress():
+                    # A failed save stops the run now, not at the next save (or at exit).
+                    checkpointing.finish_saves(manager)
+                    saving = False
+                stopping = watcher.should_stop(step)
+                checkpoint_now = step % config.checkpoint_every == 0 or step == stop or stopping
+                if step % config.log_every == 0 or checkpoint_now:
+                    # Checked before any save, so a checkpoint never holds a non-finite state.
+                    last = _flush(pending, writer, timer, step, flops, peak, config, manager)
+                    timer = (time.perf_counter(), step)
+                    progress.set_postfix(
+                        loss=f"{last['loss']:.3f}", mlm_acc=f"{last['mlm_accuracy']:.3f}"
+                    )
+                    pending = []
+                if config.eval_every and step % config.eval_every == 0:
+                    last |= {f"eval_{k}": v for k, v in evaluate(step).items()}
+                if checkpoint_now:
+                    save(step)
+                    saving = True
+                if stopping:
+                    checkpointing.finish_saves(manager)  # claim the checkpoint once it landed
+                    logging.warning(
+                        "stopped by SIGTERM after step %d (checkpoint saved in %s)",
+                        step,
+                        manager.directory,
+                    )
+                    break
+        checkpointing.finish_saves(manager)
+        manager.close()
+    finally:
+        progress.close()
+        watcher.close()
+        writer.close()
     return last
 
 
@@ -356,10 +370,15 @@ def _flush(pending, writer, timer, step, flops, peak, config, manager) -> dict[s
         # A finite loss can hide NaN params (e.g. Adam's 0/0 on a never-used weight).
         bad = [k for k in ("loss", "grad_norm", "param_norm") if not np.isfinite(m[k])]
         if bad:
-            manager.wait_until_finished()
+            checkpointing.finish_saves(manager)
+            good = manager.latest_step()
+            where = (
+                f"the last good checkpoint is step {good} in {manager.directory}"
+                if good is not None
+                else f"no checkpoint was saved yet in {manager.directory}"
+            )
             raise FloatingPointError(
-                f"non-finite {', '.join(f'{k} {m[k]}' for k in bad)} at step {s}; the last "
-                f"good checkpoint is step {manager.latest_step()} in {manager.directory}"
+                f"non-finite {', '.join(f'{k} {m[k]}' for k in bad)} at step {s}; {where}"
             )
     elapsed = time.perf_counter() - timer[0]
     steps = step - timer[1]
