@@ -2,7 +2,8 @@
 
 A checkpoint step directory holds three items:
 - `state`: the `TrainState` (params, optimizer state, step), sharded as in training;
-- `data`: the input pipeline position of every process (JSON);
+- `data`: the input pipeline position of every process, and a fingerprint of each
+  array of `state` that restores check (JSON);
 - `config`: the experiment config that produced it (JSON).
 
 Orbax writes each step to a temporary directory and renames it when complete, so a
@@ -29,6 +30,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+from jax.experimental import multihost_utils
 
 _ITEMS = ("state", "data", "config")
 
@@ -83,9 +85,10 @@ def save(manager, step: int, state, data_positions: list[dict], config_json: dic
     Raises `CheckpointError` if the previous save failed or this one cannot start.
     """
     finish_saves(manager)  # what manager.save would wait for first, with our error
+    data = {"positions": data_positions, "fingerprint": fingerprint(state)}
     args = ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave({"positions": data_positions}),
+        data=ocp.args.JsonSave(data),
         config=ocp.args.JsonSave(config_json),
     )
     try:
@@ -134,42 +137,182 @@ def abstract_like(state, shardings):
     )
 
 
-def restore(manager, step: int | None, abstract_state) -> tuple[Any, list[dict], dict]:
-    """Restores (state, data positions, config) of `step` (default: the latest)."""
-    step = manager.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"no complete checkpoint in {manager.directory}")
-    args = ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state),
-        data=ocp.args.JsonRestore(),
-        config=ocp.args.JsonRestore(),
-    )
-    restored = manager.restore(step, args=args)
-    return restored.state, restored.data["positions"], restored.config
+def restore(
+    manager, step: int | None, abstract_state, *, set_aside: bool = False
+) -> tuple[Any, list[dict], dict]:
+    """Restores (state, data positions, config) of `step`, by default of the newest readable.
+
+    A checkpoint that cannot be read, or whose arrays do not match the fingerprint saved
+    with them, raises `CheckpointError` naming its step and path; with `step=None` it is
+    named in a warning and the one before it is tried. `set_aside=True` renames each such
+    checkpoint to `<step>.unreadable`, kept for inspection, so the run can save that step
+    again (process 0 renames; a training run passes it).
+    """
+
+    def read(step):
+        _require_state_metadata(manager, step)
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data=ocp.args.JsonRestore(),
+            config=ocp.args.JsonRestore(),
+        )
+        restored = manager.restore(step, args=args)
+        _verify(restored.state, restored.data.get("fingerprint"))
+        return restored.state, restored.data["positions"], restored.config
+
+    return _newest_readable(manager, step, read, set_aside)
 
 
 def restore_params(directory: str, abstract_params, step: int | None = None):
     """Only the params of a train-state checkpoint in `directory` (for `init_from`).
 
     A partial restore: the optimizer state on disk is never read, so a checkpoint made
-    with another optimizer (or none) initialises a new run.
+    with another optimizer (or none) initialises a new run. Unreadable checkpoints are
+    skipped as in `restore`.
     """
     if not tf_io_isdir(directory):
         raise FileNotFoundError(f"{directory} is not a checkpoint directory")
     manager = make_manager(directory, async_save=False, create=False)
-    step = manager.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"no complete checkpoint in {directory}")
     target = {"params": abstract_params}
-    restored = ocp.PyTreeCheckpointer().restore(
-        os.path.join(os.fspath(manager.directory), str(step), "state"),
-        args=ocp.args.PyTreeRestore(
-            item=target,
-            restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-            partial_restore=True,
-        ),
+
+    def read(step):
+        _require_state_metadata(manager, step)
+        restored = ocp.PyTreeCheckpointer().restore(
+            os.path.join(os.fspath(manager.directory), str(step), "state"),
+            args=ocp.args.PyTreeRestore(
+                item=target,
+                restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                partial_restore=True,
+            ),
+        )
+        data = manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data
+        _verify(restored, data.get("fingerprint"))
+        return restored["params"]
+
+    return _newest_readable(manager, step, read, set_aside=False)
+
+
+def _require_state_metadata(manager, step: int) -> None:
+    # Without it, a restore onto a TrainState fails as an Orbax "pytree structure error".
+    metadata = manager.directory / str(step) / "state" / "_METADATA"  # an etils epath
+    if not metadata.exists():
+        raise FileNotFoundError(f"{metadata} is missing")
+
+
+def _newest_readable(manager, step: int | None, read, set_aside: bool):
+    """`read(step)`, or with `step=None` `read` of the newest step that reads."""
+    directory = os.fspath(manager.directory)
+    steps = [step] if step is not None else sorted(manager.all_steps(), reverse=True)
+    if not steps:
+        raise FileNotFoundError(f"no complete checkpoint in {directory}")
+    unreadable = []
+    for candidate in steps:
+        path = manager.directory / str(candidate)
+        try:
+            result = read(candidate)
+        except Exception as error:  # noqa: BLE001 - any failure to read: corrupt or partial
+            reason = _reason_line(error)
+            if step is not None:
+                message = f"checkpoint step {step} in {path} is unreadable: {reason}"
+                raise CheckpointError(message) from error
+            logging.warning("checkpoint step %d in %s is unreadable: %s", candidate, path, reason)
+            unreadable.append((candidate, path, reason))
+            continue
+        if unreadable:
+            logging.warning(
+                "restored step %d in %s: the newest readable checkpoint (%s unreadable)",
+                candidate,
+                directory,
+                ", ".join(f"step {s}" for s, _, _ in unreadable),
+            )
+            if set_aside:
+                _set_aside([p for _, p, _ in unreadable])
+        return result
+    raise CheckpointError(
+        f"no readable checkpoint in {directory}: "
+        + "; ".join(f"step {s}: {reason}" for s, _, reason in unreadable)
     )
-    return restored["params"]
+
+
+def _set_aside(paths: list) -> None:
+    if jax.process_index() == 0:
+        for path in paths:
+            path.rename(path.parent / f"{path.name}.unreadable")
+            logging.warning("renamed %s to %s.unreadable", path, path)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("checkpointing._set_aside")
+
+
+def _reason_line(error: BaseException, limit: int = 300) -> str:
+    """The root cause in one line (Orbax wraps tensorstore's errors in a many-line spec)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    line = _reason(error).splitlines()[0].strip()
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# --- fingerprints ----------------------------------------------------------------------------
+
+
+def fingerprint(state) -> dict[str, list]:
+    """{leaf path: [dtype, sum of its bits mod 2**32]}, saved with each checkpoint.
+
+    Orbax reads flipped or overwritten bytes back without complaint; a restore compares
+    the arrays with this, so corrupt data is found instead of trained on.
+    """
+    leaves = [
+        (path, x)
+        for path, x in jax.tree_util.tree_leaves_with_path(state)
+        if not jax.dtypes.issubdtype(jax.numpy.asarray(x).dtype, jax.dtypes.extended)
+    ]
+    sums = jax.device_get(_bit_sums([x for _, x in leaves]))
+    return {
+        _leaf_name(path): [str(jax.numpy.asarray(x).dtype), int(total)]
+        for (path, x), total in zip(leaves, sums, strict=True)
+    }
+
+
+@jax.jit
+def _bit_sums(leaves):
+    def bits(x):
+        if x.dtype == jax.numpy.bool_:
+            x = x.astype(jax.numpy.uint8)
+        size = min(x.dtype.itemsize, 4)  # an 8-byte value becomes two uint32
+        unsigned = jax.lax.bitcast_convert_type(x, jax.numpy.dtype(f"uint{8 * size}"))
+        return jax.numpy.sum(unsigned.astype(jax.numpy.uint32), dtype=jax.numpy.uint32)
+
+    return [bits(x) for x in leaves]
+
+
+def _leaf_name(path) -> str:
+    """'params/bert/encoder/...' for a TrainState attribute path or a restored dict's."""
+    names = []
+    for key in path:
+        for attr in ("name", "key", "idx"):
+            if hasattr(key, attr):
+                names.append(str(getattr(key, attr)))
+                break
+        else:
+            names.append(str(key))
+    return "/".join(names)
+
+
+def _verify(state, saved: dict | None) -> None:
+    """Raises if an array of `state` differs from its saved fingerprint (None: not saved)."""
+    if not saved:
+        return
+    now = fingerprint(state)
+    # A leaf restored into another dtype (a changed param_dtype) has other bits: not checked.
+    bad = [
+        name
+        for name, (dtype, total) in now.items()
+        if name in saved and saved[name][0] == dtype and saved[name][1] != total
+    ]
+    if bad:
+        raise CheckpointError(
+            f"{len(bad)} array(s) differ from the fingerprint saved with them "
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): corrupt data"
+        )
 
 
 def is_checkpoint_dir(path: str) -> bool:

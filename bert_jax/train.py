@@ -228,7 +228,8 @@ def _restore(config, workdir, abstract_state, shardings):
     target = checkpointing.abstract_like(abstract_state, shardings)
     own = checkpointing.make_manager(os.path.join(workdir, "checkpoints"), async_save=False)
     if own.latest_step() is not None:
-        state, positions, _ = checkpointing.restore(own, None, target)
+        # An unreadable newest checkpoint is named, set aside, and the one before restored.
+        state, positions, _ = checkpointing.restore(own, None, target, set_aside=True)
         return state, positions[jax.process_index()], f"{own.directory} step {int(state.step)}"
     if config.resume_from:  # only read: it may be another run's, or read-only
         other = checkpointing.make_manager(config.resume_from, async_save=False, create=False)

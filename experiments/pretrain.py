@@ -41,9 +41,13 @@ def main(argv):
     if FLAGS.verbosity <= 0:
         # Orbax narrates every save at INFO; keep the console to our own progress and metrics.
         logging.get_absl_handler().addFilter(lambda record: "/orbax/" not in record.pathname)
-    from bert_jax import train
+    from bert_jax import checkpointing, train
 
-    final = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    try:
+        final = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    except checkpointing.CheckpointError as error:
+        # A checkpoint that cannot be written or read: one line (the message names it).
+        raise SystemExit(f"pretrain: {error}") from None
     if jax.process_index() == 0:
         logging.info("final metrics: %s", final)
 

@@ -2,6 +2,7 @@
 restore, the config and data-position items, and what counts as a checkpoint directory.
 """
 
+import logging
 import os
 import shutil
 
@@ -191,3 +192,114 @@ def test_is_checkpoint_dir_leaves_the_filesystem_alone(tmp_path):
     assert not checkpointing.is_checkpoint_dir(str(prefix))
     assert not checkpointing.is_checkpoint_dir(str(tmp_path / "missing"))
     assert sorted(os.listdir(tmp_path)) == ["bert_model.ckpt.index"]
+
+
+# --- Corrupt checkpoints: named, skipped, set aside ---------------------------------------
+
+
+def _corrupt(step_dir, kind: str) -> None:
+    """The damage a crash, a full disk or bad storage leaves in a complete step directory."""
+    if kind == "missing _METADATA":
+        (step_dir / "state" / "_METADATA").unlink()
+    elif kind == "missing data/metadata":
+        (step_dir / "data" / "metadata").unlink()
+    else:  # the largest data file: the arrays' raw bytes
+        data = max((step_dir / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
+        size = data.stat().st_size
+        if kind == "truncated data file":
+            os.truncate(data, size // 2)
+        else:  # flipped bytes, which Orbax reads back without complaint
+            with open(data, "r+b") as f:
+                f.seek(size // 2)
+                flipped = bytes(b ^ 0xFF for b in f.read(64))
+                f.seek(size // 2)
+                f.write(flipped)
+
+
+def _three_steps(directory):
+    """Steps 1, 2, 3 of a small state whose arrays all differ; returns the states."""
+    manager = checkpointing.make_manager(directory, async_save=False)
+    states = {}
+    for step in (1, 2, 3):
+        rng = np.random.default_rng(step)
+        states[step] = {
+            "step": np.int32(step),
+            "params": {"kernel": rng.normal(size=(256, 256)).astype(np.float32)},
+        }
+        checkpointing.save(manager, step, states[step], [{"step": step}], {"lr": 0.1})
+    manager.close()
+    return states
+
+
+CORRUPTIONS = ["missing _METADATA", "missing data/metadata", "truncated data file", "flipped"]
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_a_corrupt_newest_checkpoint_is_named_and_the_one_before_restored(tmp_path, kind, caplog):
+    directory = tmp_path / "checkpoints"
+    states = _three_steps(directory)
+    _corrupt(directory / "3", kind)
+    manager = checkpointing.make_manager(directory, async_save=False)
+    with pytest.raises(checkpointing.CheckpointError) as error:
+        checkpointing.restore(manager, 3, None)  # asked for by step: no fallback
+    assert str(error.value).startswith(f"checkpoint step 3 in {directory / '3'} is unreadable: ")
+    if kind == "flipped":
+        assert "differ from the fingerprint saved with them" in str(error.value)
+
+    with caplog.at_level(logging.WARNING):
+        state, positions, config = checkpointing.restore(manager, None, None, set_aside=True)
+    manager.close()
+    np.testing.assert_array_equal(state["params"]["kernel"], states[2]["params"]["kernel"])
+    assert int(state["step"]) == 2 and positions == [{"step": 2}] and config == {"lr": 0.1}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings[0].startswith(f"checkpoint step 3 in {directory / '3'} is unreadable: ")
+    assert (
+        f"restored step 2 in {directory}: the newest readable checkpoint (step 3 unreadable)"
+        in (warnings)
+    )
+    # Kept for inspection, out of the way of the run's next save of step 3.
+    assert sorted(os.listdir(directory)) == ["1", "2", "3.unreadable"]
+    manager = checkpointing.make_manager(directory)
+    assert manager.all_steps() == [1, 2]
+    checkpointing.save(manager, 3, states[3], [{"step": 3}], {"lr": 0.1})
+    manager.wait_until_finished()
+    state, _, _ = checkpointing.restore(manager, None, None)
+    manager.close()
+    np.testing.assert_array_equal(state["params"]["kernel"], states[3]["params"]["kernel"])
+
+
+def test_no_readable_checkpoint_is_one_line_naming_each(tmp_path):
+    directory = tmp_path / "checkpoints"
+    _three_steps(directory)
+    for step, kind in zip((1, 2, 3), CORRUPTIONS, strict=False):
+        _corrupt(directory / str(step), kind)
+    manager = checkpointing.make_manager(directory, async_save=False)
+    with pytest.raises(checkpointing.CheckpointError) as error:
+        checkpointing.restore(manager, None, None, set_aside=True)
+    manager.close()
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"no readable checkpoint in {directory}: step 3: ")
+    assert "; step 2: FileNotFoundError: " in message and "; step 1: FileNotFoundError: " in message
+    assert sorted(os.listdir(directory)) == ["1", "2", "3"]  # nothing renamed: nothing restored
+
+
+def test_restore_params_skips_a_corrupt_newest_checkpoint(tmp_path):
+    directory = tmp_path / "checkpoints"
+    states = _three_steps(directory)
+    _corrupt(directory / "3", "flipped")
+    target = {"kernel": jax.ShapeDtypeStruct((256, 256), jnp.float32)}
+    params = checkpointing.restore_params(str(directory), target)
+    np.testing.assert_array_equal(params["kernel"], states[2]["params"]["kernel"])
+    assert sorted(os.listdir(directory)) == ["1", "2", "3"]  # another run's: left as it is
+
+
+def test_the_fingerprint_covers_every_array_and_only_changes_with_the_bits():
+    state = {"a": np.arange(6, dtype=np.float32), "b": {"c": np.int32(7)}, "d": np.bool_(True)}
+    prints = checkpointing.fingerprint(state)
+    assert sorted(prints) == ["a", "b/c", "d"]
+    assert prints["a"][0] == "float32" and prints["b/c"] == ["int32", 7]
+    assert checkpointing.fingerprint(jax.tree.map(np.copy, state)) == prints
+    changed = dict(state, a=state["a"].copy())
+    changed["a"][3] = -changed["a"][3]  # one sign bit
+    assert checkpointing.fingerprint(changed)["a"] != prints["a"]

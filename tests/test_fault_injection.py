@@ -10,12 +10,16 @@ be, and RLIMIT_FSIZE (a process limit on file size; writes past it fail with EFB
 
 import json
 import os
+import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import jax
+import numpy as np
 import pytest
 import synthetic_pretraining as synth
 
@@ -137,9 +141,9 @@ def _last_line(output: str) -> str:
 
 
 def _checkpoint_error(output: str) -> str:
-    """The one CheckpointError line. (When writes fail in the background, tensorstore may
+    """The one checkpoint error line. (When writes fail in the background, tensorstore may
     print "Event loop is closed" tracebacks around it as Orbax's abandoned writes finish.)"""
-    lines = [x for x in output.splitlines() if x.startswith("bert_jax.checkpointing.Checkpoint")]
+    lines = [x for x in output.splitlines() if re.match(r"pretrain: [a-z]", x)]  # not tqdm's
     assert len(lines) == 1, lines
     assert "sys.meta_path is None" not in output and "never retrieved" not in output
     return lines[0]
@@ -155,10 +159,12 @@ def _restored_step(directory) -> int:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory, data_dir, env):
-    """A short clean run: fills the compilation cache for the others."""
-    workdir = tmp_path_factory.mktemp("warm")
-    _run(_command(workdir, data_dir, "--config.num_train_steps=5"), env, workdir / "log")
+def finished(tmp_path_factory, data_dir, env):
+    """An uninterrupted run (it also fills the compilation cache for the others)."""
+    workdir = tmp_path_factory.mktemp("finished")
+    _run(_command(workdir, data_dir), env, workdir.parent / "finished.log")
+    assert _steps(workdir / "checkpoints") == [10, 15, STEPS]  # keep_checkpoints=3
+    return workdir
 
 
 def test_a_checkpoint_path_that_is_a_file_stops_the_run_before_its_first_step(
@@ -171,15 +177,15 @@ def test_a_checkpoint_path_that_is_a_file_stops_the_run_before_its_first_step(
     output = _run(_command(workdir, data_dir), env, tmp_path / "log", expect_rc=1)
     assert time.monotonic() - started < PROMPT_EXIT_S
     assert _last_line(output) == (
-        "bert_jax.checkpointing.CheckpointError: cannot write checkpoints to "
-        f"{workdir / 'checkpoints'}: it is not a directory"
+        f"pretrain: cannot write checkpoints to {workdir / 'checkpoints'}: it is not a directory"
     )
+    assert "Traceback" not in output
     assert _train_steps_logged(workdir) == []
     assert (workdir / "checkpoints").read_text() == "not a directory\n"
 
 
 def test_a_checkpoint_directory_gone_unwritable_mid_run_stops_at_that_save(
-    tmp_path, data_dir, env, compiled
+    tmp_path, data_dir, env, finished
 ):
     workdir = tmp_path / "run"
     checkpoints = workdir / "checkpoints"
@@ -194,8 +200,7 @@ def test_a_checkpoint_directory_gone_unwritable_mid_run_stops_at_that_save(
     assert time.monotonic() - swapped < PROMPT_EXIT_S  # no wait on Orbax's threads
     last = _last_line(output)
     assert last.startswith(
-        f"bert_jax.checkpointing.CheckpointError: cannot save checkpoint step 10 in "
-        f"{checkpoints}: NotADirectoryError: "
+        f"pretrain: cannot save checkpoint step 10 in {checkpoints}: NotADirectoryError: "
     ), last
     assert max(_train_steps_logged(workdir)) == 10  # stopped at the failed save
     assert "checkpoint saved" not in output
@@ -203,7 +208,7 @@ def test_a_checkpoint_directory_gone_unwritable_mid_run_stops_at_that_save(
 
 
 def test_a_failing_background_write_stops_the_run_at_once_and_keeps_the_older_checkpoint(
-    tmp_path, data_dir, env, compiled
+    tmp_path, data_dir, env, finished
 ):
     workdir = tmp_path / "run"
     checkpoints = workdir / "checkpoints"
@@ -216,9 +221,7 @@ def test_a_failing_background_write_stops_the_run_at_once_and_keeps_the_older_ch
     output = run.finish(expect_rc=1)
     assert time.monotonic() - limited < PROMPT_EXIT_S
     error = _checkpoint_error(output)
-    assert error.startswith(
-        f"bert_jax.checkpointing.CheckpointError: saving a checkpoint in {checkpoints} failed: "
-    ), error
+    assert error.startswith(f"pretrain: saving a checkpoint in {checkpoints} failed: "), error
     assert "File too large" in error
     # Polled every step: the run stops within a few steps of the failed save, not at the next.
     assert 10 <= max(_train_steps_logged(workdir)) < 15
@@ -229,7 +232,7 @@ def test_a_failing_background_write_stops_the_run_at_once_and_keeps_the_older_ch
     assert _steps(checkpoints)[-1] == STEPS
 
 
-def test_sigterm_never_claims_a_checkpoint_that_was_not_saved(tmp_path, data_dir, env, compiled):
+def test_sigterm_never_claims_a_checkpoint_that_was_not_saved(tmp_path, data_dir, env, finished):
     workdir = tmp_path / "run"
     # No periodic checkpoints, and no file may grow past 1 MiB: SIGTERM's save fails.
     command = _command(
@@ -242,13 +245,13 @@ def test_sigterm_never_claims_a_checkpoint_that_was_not_saved(tmp_path, data_dir
     assert "SIGTERM received: stopping after the current step" in output
     assert "checkpoint saved" not in output and "stopped by SIGTERM" not in output
     assert _checkpoint_error(output).startswith(
-        f"bert_jax.checkpointing.CheckpointError: saving a checkpoint in {workdir / 'checkpoints'}"
+        f"pretrain: saving a checkpoint in {workdir / 'checkpoints'} failed: "
     )
     assert _steps(workdir / "checkpoints") == []
 
 
 def test_non_finite_loss_before_any_checkpoint_says_there_is_none(
-    tmp_path, data_dir, env, compiled
+    tmp_path, data_dir, env, finished
 ):
     workdir = tmp_path / "run"
     command = _command(
@@ -260,3 +263,59 @@ def test_non_finite_loss_before_any_checkpoint_says_there_is_none(
     assert last.endswith(f"; no checkpoint was saved yet in {workdir / 'checkpoints'}"), last
     assert "step None" not in output
     assert _steps(workdir / "checkpoints") == []
+
+
+def _arrays_equal(directory, reference) -> None:
+    """The newest checkpoint in `directory` holds `reference`'s newest state bit for bit."""
+
+    def newest(path):
+        manager = checkpointing.make_manager(path, async_save=False, create=False)
+        try:
+            return checkpointing.restore(manager, None, None)
+        finally:
+            manager.close()
+
+    (state, positions, _), (want, want_positions, _) = newest(directory), newest(reference)
+    assert positions == want_positions
+    for (path, leaf), ref in zip(
+        jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(want), strict=True
+    ):
+        np.testing.assert_array_equal(leaf, ref, err_msg=jax.tree_util.keystr(path))
+
+
+def test_a_corrupt_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(
+    tmp_path, data_dir, env, finished
+):
+    workdir = tmp_path / "run"
+    shutil.copytree(finished, workdir)
+    checkpoints = workdir / "checkpoints"
+    # Bytes flipped inside the arrays of the newest checkpoint: Orbax would read them back.
+    data = max((checkpoints / "20" / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
+    with open(data, "r+b") as f:
+        f.seek(data.stat().st_size // 2)
+        flipped = bytes(b ^ 0xFF for b in f.read(64))
+        f.seek(data.stat().st_size // 2)
+        f.write(flipped)
+    output = _run(_command(workdir, data_dir), env, tmp_path / "restarted.log")
+    assert f"checkpoint step 20 in {checkpoints / '20'} is unreadable: CheckpointError: " in output
+    assert "differ from the fingerprint saved with them" in output
+    assert f"renamed {checkpoints / '20'} to {checkpoints / '20'}.unreadable" in output
+    assert f"train state from {checkpoints} step 15" in output
+    # Steps 16-20 again, as the uninterrupted run did them; the damaged copy is kept.
+    assert sorted(os.listdir(checkpoints)) == ["10", "15", "20", "20.unreadable"]
+    _arrays_equal(checkpoints, finished / "checkpoints")
+
+
+def test_no_readable_checkpoint_stops_the_run_with_one_line(tmp_path, data_dir, env, finished):
+    workdir = tmp_path / "run"
+    checkpoints = workdir / "checkpoints"
+    shutil.copytree(finished / "checkpoints" / "20", checkpoints / "20")
+    (checkpoints / "20" / "state" / "_METADATA").unlink()
+    output = _run(_command(workdir, data_dir), env, tmp_path / "log", expect_rc=1)
+    assert _last_line(output) == (
+        f"pretrain: no readable checkpoint in {checkpoints}: step 20: FileNotFoundError: "
+        f"{checkpoints / '20' / 'state' / '_METADATA'} is missing"
+    )
+    assert "Traceback" not in output
+    assert sorted(os.listdir(checkpoints)) == ["20"]  # nothing renamed, nothing written
+    assert _train_steps_logged(workdir) == []
