@@ -73,9 +73,15 @@ def peak_flops_per_device(dtype: str = "float32") -> float:
 
 
 class MetricsWriter:
-    """Appends scalars to `<workdir>/metrics.jsonl` and TensorBoard events (process 0)."""
+    """Appends scalars to `<workdir>/metrics.jsonl` and TensorBoard events (process 0).
 
-    def __init__(self, workdir: str, enabled: bool | None = None):
+    `last_step`: a resumed run repeats every step after its restored one, so records of
+    later steps (what an interrupted run logged after its last checkpoint) are cut from an
+    existing metrics.jsonl; the log then reads as one uninterrupted run. -1 cuts them all
+    (a run from scratch); None keeps everything.
+    """
+
+    def __init__(self, workdir: str, enabled: bool | None = None, last_step: int | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self._jsonl = None
         self._summary = None
@@ -86,17 +92,21 @@ class MetricsWriter:
             # `os.makedirs` would silently write a local "gs:" directory instead.
             tf.io.gfile.makedirs(workdir)
             path = os.path.join(workdir, "metrics.jsonl")
+            before = tf.io.gfile.GFile(path).read() if tf.io.gfile.exists(path) else ""
+            kept = records_through(before, last_step)
             if "://" in workdir:
                 # Object stores cannot append: rewrite what a previous run logged, then
                 # keep writing (each flush uploads the file so far; it stays small).
-                before = ""
-                if tf.io.gfile.exists(path):
-                    before = tf.io.gfile.GFile(path).read()
+                if before:
                     tf.io.gfile.remove(path)  # not every file system truncates on "w"
                 self._jsonl = tf.io.gfile.GFile(path, "w")
-                self._jsonl.write(before)
+                self._jsonl.write(kept)
                 self._jsonl.flush()
             else:
+                if kept != before:  # a new file renamed over the old: never half a log
+                    with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+                        f.write(kept)
+                    os.replace(f"{path}.tmp", path)
                 self._jsonl = tf.io.gfile.GFile(path, "a")
             self._summary = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
 
@@ -118,3 +128,19 @@ class MetricsWriter:
             self._jsonl.close()
             self._summary.close()
             self._jsonl = self._summary = None
+
+
+def records_through(text: str, last_step: int | None) -> str:
+    """The complete lines of a metrics.jsonl `text` (a killed writer may leave half a line),
+    only those of steps up to `last_step` unless it is None."""
+    lines = text.split("\n")[:-1]  # what follows the last newline is incomplete
+    if last_step is not None:
+        lines = [line for line in lines if _step_of(line) <= last_step]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _step_of(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("-inf")  # not a record of ours: kept

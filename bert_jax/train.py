@@ -281,7 +281,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     manager = checkpointing.make_manager(
         os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints
     )
-    writer = metrics.MetricsWriter(workdir)
+    # A restart repeats the steps after the restored one (all of them from scratch): what an
+    # interrupted run logged for those is cut, so metrics.jsonl reads as one run.
+    writer = metrics.MetricsWriter(workdir, last_step=int(state.step) or -1)
     watcher = checkpointing.PreemptionWatcher(manager)
     config_json = checkpointing.config_to_json(config) | {"data_identity": _data_identity(config)}
     flops = metrics.train_flops_per_step(
@@ -385,10 +387,13 @@ def _flush(pending, writer, timer, step, flops, peak, config, manager) -> dict[s
     steps = step - timer[1]
     averaged = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[-1]}
     averaged["learning_rate"] = float(fetched[-1]["learning_rate"])
-    averaged["steps_per_second"] = steps / elapsed
-    averaged["sequences_per_second"] = steps * config.global_batch_size / elapsed
-    averaged["tokens_per_second"] = averaged["sequences_per_second"] * config.data.max_seq_length
-    averaged["mfu"] = flops * averaged["steps_per_second"] / peak
+    if steps:  # the first step of a run only compiles: it is not timed (log_every=1)
+        averaged["steps_per_second"] = steps / elapsed
+        averaged["sequences_per_second"] = steps * config.global_batch_size / elapsed
+        averaged["tokens_per_second"] = (
+            averaged["sequences_per_second"] * config.data.max_seq_length
+        )
+        averaged["mfu"] = flops * averaged["steps_per_second"] / peak
     writer.write(step, averaged)
     logging.info("step %d: %s", step, _fmt(averaged))
     return averaged
