@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 
@@ -292,13 +293,24 @@ def _tf_prefix(path: str) -> str | None:
     return None
 
 
+def _given(path: str | os.PathLike) -> str:
+    """`path` as a string; an empty one is an error (made absolute, it named the cwd)."""
+    path = os.fspath(path)
+    if not path.strip():
+        raise ConversionError(
+            "no checkpoint given (the path is empty): expected a Hugging Face directory, a "
+            "Google TF checkpoint, a params-only Orbax directory or a pretraining workdir"
+        )
+    return path
+
+
 def detect_format(path: str | os.PathLike) -> str:
     """'hf', 'tf', 'orbax' (params-only) or 'train_state' for a checkpoint path.
 
     Raises:
       ConversionError: when `path` is none of them.
     """
-    path = os.fspath(path)
+    path = _given(path)
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, "params", "_CHECKPOINT_METADATA")):
             return "orbax"  # params-only (`save_params`)
@@ -326,7 +338,7 @@ def open_source(path: str | os.PathLike, config_file: str | None = None) -> Sour
     `config_file` replaces the config found beside the checkpoint (e.g. a TF checkpoint
     with no `bert_config.json` next to it).
     """
-    path = os.fspath(path)
+    path = _given(path)
     if "://" not in path:  # Orbax refuses (and misreads) relative local directories
         path = os.path.abspath(path)
     fmt = detect_format(path)
@@ -357,12 +369,30 @@ def writing_dir(output_dir: str, overwrite: bool = False) -> Iterator[str]:
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.tmp-", dir=parent)
     try:
         yield tmp
+        _modes_from_umask(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if os.path.exists(output_dir):
         shutil.rmtree(output_dir)
     os.rename(tmp, output_dir)
+
+
+def _modes_from_umask(directory: str) -> None:
+    """Gives `directory` and everything in it the modes the umask gives new files.
+
+    mkdtemp makes the directory 0700 and safetensors its file 0600, whatever the umask:
+    an exported model was readable by its owner only.
+    """
+    probe = os.path.join(directory, ".umask-probe")
+    os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+    file_mode = stat.S_IMODE(os.stat(probe).st_mode)  # 0o666 less the umask
+    os.remove(probe)
+    dir_mode = file_mode | (file_mode & 0o444) >> 2  # searchable wherever readable
+    for root, _dirs, files in os.walk(directory):
+        os.chmod(root, dir_mode)
+        for name in files:
+            os.chmod(os.path.join(root, name), file_mode)
 
 
 # --- Params-only Orbax ------------------------------------------------------------------------

@@ -469,6 +469,37 @@ def test_a_vocab_file_larger_than_the_model_is_refused_on_export(tiny_hf, tmp_pa
     assert (tmp_path / "out" / "vocab.txt").read_text() == short_vocab.read_text()
 
 
+def test_an_empty_path_is_no_checkpoint_not_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for load in (convert.detect_format, convert.load_pretrained):
+        with pytest.raises(convert.ConversionError) as error:
+            load("")
+        assert str(error.value).startswith("no checkpoint given (the path is empty)")
+        assert str(tmp_path) not in str(error.value)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_exported_files_get_the_modes_the_umask_gives(tiny_hf, tmp_path, umask):
+    import stat
+
+    config, params, vocab = convert.load_pretrained(tiny_hf)
+    previous = os.umask(umask)
+    try:
+        convert.save_hf(tmp_path / "hf", config, params, vocab_file=vocab, do_lower_case=True)
+        convert.save_params(tmp_path / "orbax", config, params, vocab_file=vocab)
+    finally:
+        os.umask(previous)
+    file_mode = 0o666 & ~umask
+    dir_mode = 0o777 & ~umask
+    for output in ("hf", "orbax"):
+        for root, _, files in os.walk(tmp_path / output):
+            assert stat.S_IMODE(os.stat(root).st_mode) == dir_mode, root
+            for name in files:
+                mode = stat.S_IMODE(os.stat(os.path.join(root, name)).st_mode)
+                assert mode == file_mode, (os.path.join(root, name), oct(mode))
+    assert "model.safetensors" in os.listdir(tmp_path / "hf")  # safetensors wrote it 0600
+
+
 def test_google_checkpoint_missing_tensor_is_named(tiny_hf, tmp_path):
     variables, _ = _google_variables(
         load_file(tiny_hf / "model.safetensors"), BertConfig(**TINY), seed=1
