@@ -323,8 +323,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             if start == 0:
                 evaluate(0)
             for step in range(start + 1, stop + 1):
-                batch = sharding.global_batch(next(train_data), mesh)
-                state, step_metrics = step_fn(state, batch, rng)
+                inputs = sharding.global_batch(next(train_data), mesh)
+                state, step_metrics = step_fn(state, inputs, rng)
                 pending.append((step, step_metrics))
                 progress.update(1)
                 if step == start + 1:  # keep compilation out of the throughput figures
