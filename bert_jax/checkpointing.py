@@ -75,10 +75,6 @@ def _check_writable(directory: str) -> None:
         raise CheckpointError(f"cannot write checkpoints to {directory}: {error}") from None
 
 
-def _reason(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
-
-
 def save(manager, step: int, state, data_positions: list[dict], config_json: dict) -> bool:
     """Starts an (async) save of `state` with the data positions and the config.
 
@@ -95,7 +91,7 @@ def save(manager, step: int, state, data_positions: list[dict], config_json: dic
         return manager.save(step, args=args, force=True)
     except Exception as error:
         raise CheckpointError(
-            f"cannot save checkpoint step {step} in {manager.directory}: {_reason(error)}"
+            f"cannot save checkpoint step {step} in {manager.directory}: {_reason_line(error)}"
         ) from None
 
 
@@ -104,7 +100,7 @@ def finish_saves(manager) -> None:
     try:
         manager.wait_until_finished()
     except Exception as error:
-        message = f"saving a checkpoint in {manager.directory} failed: {_reason(error)}"
+        message = f"saving a checkpoint in {manager.directory} failed: {_reason_line(error)}"
         _drop_abandoned_writes(error)
         raise CheckpointError(message) from None
 
@@ -243,12 +239,11 @@ def _set_aside(paths: list) -> None:
         multihost_utils.sync_global_devices("checkpointing._set_aside")
 
 
-def _reason_line(error: BaseException, limit: int = 300) -> str:
+def _reason_line(error: BaseException) -> str:
     """The root cause in one line (Orbax wraps tensorstore's errors in a many-line spec)."""
     while error.__cause__ is not None:
         error = error.__cause__
-    line = _reason(error).splitlines()[0].strip()
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return f"{type(error).__name__}: {error}".splitlines()[0].strip()
 
 
 # --- fingerprints ----------------------------------------------------------------------------
