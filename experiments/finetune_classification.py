@@ -42,6 +42,7 @@ from bert_jax import eval_metrics, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForSequenceClassification
+from data_pipelines import cli
 from data_pipelines.tasks import glue
 from data_pipelines.tasks.classification_features import SentenceFeatures, encode_sentences
 from data_pipelines.tasks.sentence_tasks import SentenceTask, load_sentence_task
@@ -81,7 +82,15 @@ def predict_step(params, batch, *, model):
     return model.apply({"params": params}, *(batch[k] for k in INPUT_KEYS)).astype(jnp.float32)
 
 
-def predict(predict_fn, params, features: SentenceFeatures, batch_size: int, mesh, desc: str):
+def predict(
+    predict_fn,
+    params,
+    features: SentenceFeatures,
+    batch_size: int,
+    mesh,
+    desc: str,
+    show_progress: bool = True,
+):
     """(N, C) logits for every example, in order (batched by length, padding cut)."""
     arrays = {"input_ids": features.input_ids, "input_mask": features.input_mask,
               "segment_ids": features.segment_ids}  # fmt: skip
@@ -90,7 +99,9 @@ def predict(predict_fn, params, features: SentenceFeatures, batch_size: int, mes
     out = None
     batches = common.eval_batches(lengths, batch_size)
     total = common.num_batches(len(features), batch_size)
-    for indices, real in tqdm(batches, total=total, desc=desc, leave=False):
+    for indices, real in tqdm(
+        batches, total=total, desc=desc, leave=False, disable=not show_progress
+    ):
         batch = common.take(arrays, indices, common.pad_length(lengths[indices], max_length))
         logits = np.asarray(predict_fn(params, sharding.global_batch(batch, mesh)))
         if out is None:
@@ -135,8 +146,14 @@ def load_classifier(directory: str):
     return model, bert_config, params, vocab_file, meta
 
 
-def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Runs the whole fine-tuning described by `config`; returns what metrics.json holds."""
+def finetune(
+    config: ml_collections.ConfigDict, workdir: str, *, show_progress: bool = True
+) -> dict:
+    """Runs the whole fine-tuning described by `config`; returns what metrics.json holds.
+
+    `show_progress=False` hides the per-epoch progress bars (a caller running many
+    fine-tunings shows its own).
+    """
     start_time = time.time()
     os.makedirs(workdir, exist_ok=True)
     task = load_sentence_task(
@@ -144,7 +161,11 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
         skip_malformed=config.skip_malformed,
     )  # fmt: skip
     if config.max_train_examples:
-        task.splits["train"] = task.splits["train"][: config.max_train_examples]
+        # A label budget: a random subset drawn with the run's seed, so seeds differ in the
+        # examples they see as well as in initialisation and order (as few-shot runs report).
+        train = task.splits["train"]
+        chosen = np.random.default_rng(config.seed).permutation(len(train))
+        task.splits["train"] = [train[i] for i in np.sort(chosen[: config.max_train_examples])]
     num_outputs = 1 if task.labels is None else len(task.labels)
     overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
     model, bert_config, params, vocab_file = common.load_model(
@@ -226,7 +247,9 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 train_lengths, config.train_batch_size, config.seed, epoch
             )
             losses = []
-            progress = tqdm(batches, desc=f"epoch {epoch}/{config.num_epochs}")
+            progress = tqdm(
+                batches, desc=f"epoch {epoch}/{config.num_epochs}", disable=not show_progress
+            )
             for indices in progress:
                 length = common.pad_length(train_lengths[indices], config.max_seq_length)
                 batch = sharding.global_batch(common.take(train_arrays, indices, length), mesh)
@@ -244,7 +267,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
             epoch_result = {"epoch": epoch, "train_loss": float(np.mean(jax.device_get(losses)))}
             for split in task.eval_splits:
                 logits = predict(predict_fn, state.params, features[split],
-                                 config.eval_batch_size, mesh, f"eval {split}")  # fmt: skip
+                                 config.eval_batch_size, mesh, f"eval {split}",
+                                 show_progress)  # fmt: skip
                 epoch_result[split], _ = score(task, features[split].labels, logits)
             logging.info("epoch %d: %s", epoch, epoch_result)
             results["epochs"].append(epoch_result)
@@ -253,7 +277,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
         for split in (*task.eval_splits, *task.test_splits):
             examples, split_features = task.splits[split], features[split]
             logits = predict(predict_fn, state.params, split_features, config.eval_batch_size,
-                             mesh, f"predict {split}")  # fmt: skip
+                             mesh, f"predict {split}", show_progress)  # fmt: skip
             if split_features.labels is not None:
                 metrics, predictions = score(task, split_features.labels, logits)
                 if split in task.test_splits:
@@ -288,4 +312,4 @@ if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.", lock_config=True)
     flags.DEFINE_string("workdir", None, "Where metrics.json and predictions are written.")
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    cli.run(main)

@@ -1,15 +1,10 @@
-"""experiments.demo: the held-out split of the corpus and the report (table, JSON, PNG).
-
-The stages themselves are the project's tools, tested in their own files; running the
-whole demo takes tens of minutes and is `make demo`'s job.
-"""
+"""experiments.demo: the held-out split of the corpus, the report (table, JSON, PNG), and a
+tiny run of every stage (the real demo takes half an hour and is `make demo`'s job)."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from experiments import demo
 
@@ -44,40 +39,86 @@ def test_corpora_are_joined_with_a_document_break(tmp_path):
     assert [d.sentences for d in documents] == [["a1.", "a2."], ["b1."], ["c1.", "c2."]]
 
 
-def _fake_run(directory: Path, dev: list[float], test: float) -> dict:
-    directory.mkdir(parents=True)
-    log = [{"step": 10 * i, "epoch": i / 3, "loss": 0.7 - 0.1 * i} for i in range(1, 4)]
-    (directory / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-    epochs = [{"epoch": i + 1, "dev": {"accuracy": a}} for i, a in enumerate(dev)]
-    return {"epochs": epochs, "test": {"test": {"accuracy": test}}, "wall_time_s": 90.0}
-
-
-def test_report_table_json_and_png(tmp_path):
-    pretrain = tmp_path / "pretrain"
-    pretrain.mkdir()
+def _pretraining_log(directory: Path) -> None:
+    directory.mkdir()
     records = [
         {"step": 0, "split": "eval", "loss": 9.7, "mlm_accuracy": 0.0, "nsp_accuracy": 0.5},
         {"step": 50, "split": "train", "loss": 7.0, "mlm_accuracy": 0.1, "nsp_accuracy": 0.55},
+        {"step": 100, "split": "eval", "loss": 5.5, "mlm_accuracy": 0.2, "nsp_accuracy": 0.6},
+        # step 100 re-run after a resume: the last record of a step counts
         {"step": 100, "split": "eval", "loss": 5.0, "mlm_accuracy": 0.3, "nsp_accuracy": 0.6},
     ]
-    (pretrain / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    runs = {
-        "pretrained": _fake_run(tmp_path / "polarity_pretrained", [0.70, 0.74], 0.755),
-        "from scratch": _fake_run(tmp_path / "polarity_scratch", [0.65, 0.69], 0.712),
-    }
-    table = demo.report(str(tmp_path), str(pretrain), runs)
-    assert "| pretrained | 70.0% / 74.0% | **75.5%** | 1.5 min |" in table
-    assert "| from scratch | 65.0% / 69.0% | **71.2%** | 1.5 min |" in table
-    assert "pretraining adds +4.3 accuracy points" in table
-    assert "held-out MLM accuracy 30.0%" in table
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_report_table_json_and_png(tmp_path):
+    demo.FLAGS(["demo", "--seed=3"])
+    _pretraining_log(tmp_path / "pretrain")
+    budgets = [
+        {"labels": 250, "epochs": 43, "seeds": [9, 10, 11],
+         "pretrained": [0.70, 0.72, 0.74], "scratch": [0.60, 0.62, 0.64]},
+        {"labels": 8568, "epochs": 3, "seeds": [9, 10, 11],
+         "pretrained": [0.80, 0.80, 0.80], "scratch": [0.77, 0.76, 0.78]},
+    ]  # fmt: skip
+    table = demo.report(str(tmp_path), str(tmp_path / "pretrain"), budgets, {"total": 60.0})
+    assert "| 250 | 72.0% ± 2.0 | 62.0% ± 2.0 | +10.0 |" in table
+    assert "| 8,568 | 80.0% ± 0.0 | 77.0% ± 1.0 | +3.0 |" in table
+    assert "held-out MLM accuracy 30.0%" in table and "(seed 3, 100 steps)" in table
     summary = json.loads((tmp_path / "results.json").read_text())
-    assert summary["pretraining_gain_points"] == pytest.approx(4.3)
+    assert summary["label_budgets"] == budgets and summary["seed"] == 3
+    assert [r["step"] for r in summary["pretraining"]["held_out"]] == [0, 100]
+    assert summary["pretraining"]["held_out"][-1]["mlm_accuracy"] == 0.3
     assert (tmp_path / "results.md").read_text() == table
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_small_budgets_train_at_least_the_minimum_steps():
+    demo.FLAGS(["demo", "--finetune_epochs=3", "--min_finetune_steps=300"])
+    assert demo.finetune_epochs(8568, 32) == 3  # 267 steps per epoch
+    assert demo.finetune_epochs(1000, 32) == 10  # 31 per epoch
+    assert demo.finetune_epochs(250, 32) == 43  # 7 per epoch
+    assert demo.finetune_epochs(10, 32) == 300  # one (short) step per epoch
 
 
 def test_cli_help():
     result = subprocess.run([sys.executable, "-m", "experiments.demo", "--help"],
                             capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
-    assert "pretrain BERT-tiny on Shakespeare" in result.stdout
-    assert "--pretrain_steps" in result.stdout
+    assert "pretrain BERT-tiny on IMDB" in result.stdout
+    assert "--label_budgets" in result.stdout and "--seed" in result.stdout
+
+
+def test_a_tiny_demo_end_to_end(tmp_path):
+    """Every stage on 60 reviews, 30 pretraining steps and two small label budgets."""
+    from data_pipelines import prepare_corpus
+
+    corpus_dir = tmp_path / "corpus"
+    documents = prepare_corpus.corpus_documents("imdb", limit=60)
+    prepare_corpus.write_corpus(documents, str(corpus_dir / "corpus.txt"), show_progress=False)
+    workdir = tmp_path / "demo"
+    command = [
+        sys.executable, "-m", "experiments.demo", f"--workdir={workdir}",
+        f"--corpus_dir={corpus_dir}", "--vocab_size=600", "--pretrain_steps=30",
+        "--pretrain_batch_size=8", "--label_budgets=64,40", "--finetune_seeds=2",
+        "--finetune_epochs=1", "--min_finetune_steps=2", "--seed=1",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((workdir / "results.json").read_text())
+    budgets = summary["label_budgets"]
+    assert [b["labels"] for b in budgets] == [40, 64]  # sorted
+    for budget in budgets:
+        assert budget["seeds"] == [2, 3]  # --seed=1 with 2 fine-tuning seeds
+        for arm in ("pretrained", "scratch"):
+            assert len(budget[arm]) == 2 and all(0 <= a <= 1 for a in budget[arm])
+    run = workdir / "finetune" / "40_labels" / "scratch_seed3" / "metrics.json"
+    assert json.loads(run.read_text())["num_examples"]["train"] == 40
+    held_out = summary["pretraining"]["held_out"]
+    assert held_out[0]["step"] == 0 and held_out[-1]["step"] == 30
+    assert (workdir / "curves.png").exists()
+    assert "| 40 |" in result.stdout and "| 64 |" in result.stdout
+    # Orbax's INFO lines stay out of the console.
+    assert "orbax" not in result.stderr.lower()
+    # The workdir belongs to --seed=1: another seed is refused before anything runs.
+    again = subprocess.run([*command[:-1], "--seed=2"], capture_output=True, text=True,
+                           cwd=REPO, timeout=300)  # fmt: skip
+    assert again.returncode != 0 and "--seed=1 (now 2)" in again.stderr
