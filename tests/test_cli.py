@@ -46,7 +46,6 @@ def test_the_tools_are_found():
     tools = _absl_tools()
     assert "experiments/pretrain.py" in tools and "bert_jax/convert.py" in tools
     assert "data_pipelines/create_pretraining_data.py" in tools
-    assert "benchmarks/pretrain_reference.py" in tools
 
 
 @pytest.mark.parametrize("tool", TOOLS)
