@@ -69,6 +69,51 @@ def test_bert_adamw_matches_the_original_update_rule():
         np.testing.assert_allclose(np.asarray(ours[k]), expected[k], rtol=1e-5, atol=1e-7)
 
 
+def test_adamw_bias_corrected_matches_torch_adamw():
+    """The variant with Adam's bias correction is torch.optim.AdamW (decay off bias/scale)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    params = {
+        "kernel": rng.normal(size=(4, 3)).astype(np.float32),
+        "bias": rng.normal(size=(3,)).astype(np.float32),
+        "scale": rng.normal(size=(3,)).astype(np.float32),
+    }
+    grads = [
+        {k: rng.normal(size=p.shape).astype(np.float32) * 3 for k, p in params.items()}
+        for _ in range(6)
+    ]
+    tx = optim.make_optimizer(_optimizer_config(name="adamw_bias_corrected"), 10)
+    state, ours = tx.init(params), {k: jnp.asarray(v) for k, v in params.items()}
+    for g in grads:
+        updates, state = tx.update(g, state, ours)
+        ours = optax.apply_updates(ours, updates)
+
+    theirs = {
+        k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in params.items()
+    }
+    groups = [{"params": [theirs["kernel"]], "weight_decay": 0.01},
+              {"params": [theirs["bias"], theirs["scale"]], "weight_decay": 0.0}]  # fmt: skip
+    opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.999), eps=1e-6)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: step / 3 if step < 3 else 1 - step / 10
+    )
+    for g in grads:
+        for k, p in theirs.items():
+            p.grad = torch.tensor(g[k], dtype=torch.float64)
+        torch.nn.utils.clip_grad_norm_(list(theirs.values()), 1.0)
+        opt.step()
+        schedule.step()
+    for k in params:
+        np.testing.assert_allclose(
+            np.asarray(ours[k]), theirs[k].detach().numpy(), rtol=1e-5, atol=1e-7
+        )
+    # And it is not the original's rule: without bias correction the steps are larger.
+    original = _reference_bert_adamw(
+        params, grads, lambda s: 1e-3 * s / 3 if s < 3 else 1e-3 * (1 - s / 10)
+    )
+    assert not np.allclose(np.asarray(ours["kernel"]), original["kernel"], rtol=1e-4)
+
+
 def test_weight_decay_skips_layer_norm_and_biases():
     params = train.init_train_state(
         BertForPreTraining(synth.TINY),
