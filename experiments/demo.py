@@ -225,8 +225,9 @@ def finetune_all(pretrain_dir: str, vocab: str, workdir: str) -> list[dict]:
     seeds = [FLAGS.seed * FLAGS.finetune_seeds + i for i in range(FLAGS.finetune_seeds)]
     jobs = [(n, seed, arm) for n in label_budgets(num_train) for seed in seeds for arm in ARMS]
     results = {}
-    # Orbax narrates each save and restore at INFO; the bar below is the stage's progress.
-    logging.set_verbosity(logging.WARNING)
+    # Orbax narrates each save and restore, and every run warns that its head is fresh and
+    # that 1-2 sentences are truncated: the bar below is the stage's progress, errors aside.
+    logging.set_verbosity(logging.ERROR)
     for labels, seed, arm in tqdm(jobs, desc="5/6 finetune", unit="run"):
         out = os.path.join(workdir, "finetune", f"{labels}_labels", f"{arm}_seed{seed}")
         metrics_file = os.path.join(out, "metrics.json")
