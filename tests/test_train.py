@@ -42,8 +42,9 @@ def _reference_bert_adamw(params, grads_per_step, lr_at, wd=0.01, b1=0.9, b2=0.9
     return params
 
 
-def test_bert_adamw_matches_the_original_update_rule():
-    rng = np.random.default_rng(0)
+def _params_and_grads(seed: int):
+    """A kernel (decayed), a bias and a LayerNorm scale (not decayed), and 6 steps of grads."""
+    rng = np.random.default_rng(seed)
     params = {
         "kernel": rng.normal(size=(4, 3)).astype(np.float32),
         "bias": rng.normal(size=(3,)).astype(np.float32),
@@ -53,6 +54,11 @@ def test_bert_adamw_matches_the_original_update_rule():
         {k: rng.normal(size=p.shape).astype(np.float32) * 3 for k, p in params.items()}
         for _ in range(6)
     ]
+    return params, grads
+
+
+def test_bert_adamw_matches_the_original_update_rule():
+    params, grads = _params_and_grads(0)
     config = _optimizer_config()
     tx = optim.make_optimizer(config, num_train_steps=10)
     state = tx.init(params)
@@ -72,16 +78,7 @@ def test_bert_adamw_matches_the_original_update_rule():
 def test_adamw_bias_corrected_matches_torch_adamw():
     """The variant with Adam's bias correction is torch.optim.AdamW (decay off bias/scale)."""
     torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(1)
-    params = {
-        "kernel": rng.normal(size=(4, 3)).astype(np.float32),
-        "bias": rng.normal(size=(3,)).astype(np.float32),
-        "scale": rng.normal(size=(3,)).astype(np.float32),
-    }
-    grads = [
-        {k: rng.normal(size=p.shape).astype(np.float32) * 3 for k, p in params.items()}
-        for _ in range(6)
-    ]
+    params, grads = _params_and_grads(1)
     tx = optim.make_optimizer(_optimizer_config(name="adamw_bias_corrected"), 10)
     state, ours = tx.init(params), {k: jnp.asarray(v) for k, v in params.items()}
     for g in grads:
