@@ -23,8 +23,10 @@ import json
 import logging as logging_lib
 import os
 import signal
+import sys
 import tempfile
 import threading
+import warnings
 from typing import Any
 
 import jax
@@ -33,6 +35,8 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 _ITEMS = ("state", "data", "config")
+# Orbax writes step N into "N.orbax-checkpoint-tmp..." and renames it when complete.
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 
 class CheckpointError(RuntimeError):
@@ -81,6 +85,7 @@ def save(manager, step: int, state, data_positions: list[dict], config_json: dic
     Raises `CheckpointError` if the previous save failed or this one cannot start.
     """
     finish_saves(manager)  # what manager.save would wait for first, with our error
+    _quiet_abandoned_writes()
     data = {"positions": data_positions, "fingerprint": fingerprint(state)}
     args = ocp.args.Composite(
         state=ocp.args.StandardSave(state),
@@ -106,24 +111,51 @@ def finish_saves(manager) -> None:
 
 
 def _drop_abandoned_writes(error: BaseException) -> None:
-    """Collects the writes a failed Orbax save left behind, now and quietly.
+    """Collects the writes a failed Orbax save left behind, now.
 
     Orbax stops at the first failed write and closes its event loop with the others still
     pending; the loop stays alive through the frames of the error it keeps. Left to
-    interpreter exit, each pending write printed "sys.meta_path is None" or "Task exception
-    was never retrieved" after our own error. Their errors are the one we raise.
+    interpreter exit, each pending write printed "sys.meta_path is None" after our own error.
     """
     seen = set()
     while error is not None and id(error) not in seen:  # its frames hold the loop
         seen.add(id(error))
         error.__traceback__ = None
         error = error.__cause__ or error.__context__
-    asyncio_log = logging_lib.getLogger("asyncio")
-    disabled, asyncio_log.disabled = asyncio_log.disabled, True
-    try:
-        gc.collect()
-    finally:
-        asyncio_log.disabled = disabled
+    gc.collect()
+
+
+def _quiet_abandoned_writes() -> None:
+    """Keeps the writes of a failed Orbax save from printing a traceback each.
+
+    Orbax closes its event loop at the first failed write. The writes still in flight then
+    end one by one, in Orbax's and tensorstore's threads, some before `finish_saves` can
+    know of the failure: asyncio logs "(Task|Future|_GatheringFuture) exception was never
+    retrieved" for each failed one, Python warns of the coroutines never awaited, and each
+    call back into the closed loop reports "Event loop is closed" through
+    `sys.unraisablehook` (140 tracebacks for BERT-tiny). All of them are the one failure
+    that `finish_saves` raises, so they are dropped; nothing else is.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "quiet_abandoned_writes", False):
+        return
+
+    def hook(unraisable):
+        value = unraisable.exc_value
+        if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.quiet_abandoned_writes = True
+    sys.unraisablehook = hook
+
+    def not_an_abandoned_write(record: logging_lib.LogRecord) -> bool:
+        message = record.getMessage()  # names the exception, and so the unfinished checkpoint
+        return not ("exception was never retrieved" in message and _TMP_SUFFIX in message)
+
+    logging_lib.getLogger("asyncio").addFilter(not_an_abandoned_write)
+    warnings.filterwarnings(
+        "ignore", "coroutine 'async_serialize_from_host.*never awaited", RuntimeWarning
+    )
 
 
 def abstract_like(state, shardings):
