@@ -13,8 +13,10 @@ through in bounded memory. The sources are:
   for whole-word masking); a third, Jane Austen's novels from a Debian package, is read
   by `data_pipelines.austen`.
 
-Undecodable bytes never stop a run: they are replaced by U+FFFD and counted in
-`ReadStats`, as are empty files.
+Undecodable bytes are replaced by U+FFFD and counted in `ReadStats`, as are empty files;
+a file with any is named in a warning (with its count), and one whose non-blank lines are
+mostly undecodable (a binary file, another encoding) can be refused
+(`max_undecodable_fraction`) rather than turned into training data.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ import gzip
 import importlib.util
 import io
 import itertools
+import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _REPLACEMENT = "\ufffd"
@@ -73,6 +78,10 @@ class ReadStats:
     def merge(self, other: ReadStats) -> None:
         for field in dataclasses.fields(self):
             setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+
+class UndecodableInputError(ValueError):
+    """An input file whose lines are mostly not UTF-8 text (binary, or another encoding)."""
 
 
 def expand_input_patterns(patterns: str | Sequence[str]) -> list[str]:
@@ -150,18 +159,49 @@ def decode_line(raw: bytes, stats: ReadStats) -> str:
     return text
 
 
-def iter_lines(path: str, stats: ReadStats) -> Iterator[str]:
-    """Yields the stripped, decoded lines of one file (counting it in `stats`)."""
-    stats.files += 1
-    any_text = False
-    with _open_binary(path) as f:
-        for raw in f:
-            stats.lines += 1
-            line = decode_line(raw, stats).strip()
-            any_text = any_text or bool(line)
-            yield line
-    if not any_text:
-        stats.empty_files += 1
+def iter_lines(
+    path: str, stats: ReadStats, *, max_undecodable_fraction: float = 1.0
+) -> Iterator[str]:
+    """Yields the stripped, decoded lines of one file (counting it in `stats`).
+
+    At the end of the file, undecodable lines (see `decode_line`) are reported: a warning
+    naming the file and how many characters were replaced, or, when more than
+    `max_undecodable_fraction` of its non-blank lines are undecodable, an error.
+
+    Raises:
+        UndecodableInputError: too many undecodable lines. Raised after the last line, so
+            a caller that writes output must discard what it made of the file.
+    """
+    own = ReadStats(files=1)  # this file's counts, for its warning
+    text_lines = 0
+    try:
+        with _open_binary(path) as f:
+            for raw in f:
+                own.lines += 1
+                line = decode_line(raw, own).strip()
+                text_lines += bool(line)
+                yield line
+        own.empty_files = int(not text_lines)
+    finally:  # also when the caller stops early
+        stats.merge(own)
+    if not own.lines_with_bad_bytes:
+        return
+    # Blank lines separate documents; only lines with text say what the file holds.
+    fraction = own.lines_with_bad_bytes / max(text_lines, 1)
+    lines = f"{own.lines_with_bad_bytes} of its {text_lines} non-blank lines"
+    if fraction > max_undecodable_fraction:
+        raise UndecodableInputError(
+            f"{path}: {lines} ({fraction:.0%}) are not plain UTF-8 text ({own.replaced_chars} "
+            f"undecodable characters), more than --max_undecodable_fraction="
+            f"{max_undecodable_fraction:g}: is it a binary file, or text in another encoding?"
+        )
+    log.warning(
+        "%s: %s are not plain UTF-8 text: %d undecodable characters replaced by U+FFFD "
+        "(training on them as they are)",
+        path,
+        lines,
+        own.replaced_chars,
+    )
 
 
 def read_documents(
@@ -170,6 +210,7 @@ def read_documents(
     *,
     word_boundary_files: bool = False,
     lines_are_paragraphs: bool = False,
+    max_undecodable_fraction: float = 1.0,
 ) -> Iterator[Document]:
     """Streams documents from files in the original BERT input format.
 
@@ -184,6 +225,8 @@ def read_documents(
             `prepare_corpus` for Chinese), and attach them as `Document.words`.
         lines_are_paragraphs: the lines are paragraphs, not sentences: mark the documents
             `needs_split`.
+        max_undecodable_fraction: refuse a file with more of its non-blank lines not
+            UTF-8 text (see `iter_lines`); a file with fewer gets a warning.
 
     Yields:
         Documents with at least one sentence.
@@ -191,13 +234,14 @@ def read_documents(
     Raises:
         ValueError: a words file does not match its text file line by line.
         FileNotFoundError: a words file is missing.
+        UndecodableInputError: a file is mostly not UTF-8 text.
     """
     for path in paths:
         if word_boundary_files:
-            yield from _read_with_words(path, stats)
+            yield from _read_with_words(path, stats, max_undecodable_fraction)
             continue
         sentences: list[str] = []
-        for line in iter_lines(path, stats):
+        for line in iter_lines(path, stats, max_undecodable_fraction=max_undecodable_fraction):
             if line:
                 sentences.append(line)
             elif sentences:
@@ -207,14 +251,16 @@ def read_documents(
             yield Document(sentences, needs_split=lines_are_paragraphs)
 
 
-def _read_with_words(path: str, stats: ReadStats) -> Iterator[Document]:
+def _read_with_words(
+    path: str, stats: ReadStats, max_undecodable_fraction: float
+) -> Iterator[Document]:
     words_path = path + WORDS_SUFFIX
     if not _is_remote(words_path) and not os.path.exists(words_path):
         raise FileNotFoundError(f"word boundary file {words_path} (for {path}) does not exist")
     words_stats = ReadStats()  # counted once, through the text file
     sentences: list[str] = []
     words: list[list[str]] = []
-    text_lines = iter_lines(path, stats)
+    text_lines = iter_lines(path, stats, max_undecodable_fraction=max_undecodable_fraction)
     word_lines = iter_lines(words_path, words_stats)
     for line_no, (line, word_line) in enumerate(_zip_strict(text_lines, word_lines), 1):
         if line is None or word_line is None:

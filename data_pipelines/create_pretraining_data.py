@@ -80,6 +80,7 @@ class Options:
     split_sentences: bool = False  # input lines are paragraphs: split them with pysbd
     language: str = "en"  # pysbd language for sentence splitting
     word_boundary_files: bool = False  # read word segmentations from <input>.words
+    max_undecodable_fraction: float = 0.5  # refuse a file with more of its lines not UTF-8
     tfds_data_dir: str = ""  # data_dir of "tfds:" inputs
     tfds_split: str = "train"  # split of "tfds:" inputs
     tfds_text_key: str = "text"  # text feature of "tfds:" inputs
@@ -96,6 +97,10 @@ class Options:
             (self.num_workers >= 1, "--num_workers must be >= 1"),
             (self.num_output_shards >= 1, "--num_output_shards must be >= 1"),
             (self.documents_per_chunk >= 2, "--documents_per_chunk must be >= 2"),
+            (
+                0.0 <= self.max_undecodable_fraction <= 1.0,
+                "--max_undecodable_fraction must be in [0, 1]",
+            ),
             (self.masking in ("static", "dynamic"), "--masking must be static or dynamic"),
             (self.corpus in ("", *CORPORA), f"--corpus must be one of {CORPORA}"),
             (bool(self.corpus) != bool(self.input_file), "give --input_file or --corpus"),
@@ -136,6 +141,7 @@ def iter_documents(options: Options, stats: corpora.ReadStats) -> Iterator[corpo
                 stats,
                 word_boundary_files=options.word_boundary_files,
                 lines_are_paragraphs=options.split_sentences,
+                max_undecodable_fraction=options.max_undecodable_fraction,
             )
 
 
@@ -389,6 +395,8 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
     Raises:
         ValueError: bad flags, a vocabulary without [CLS]/[SEP]/[MASK], or a corpus with
             fewer than two documents.
+        corpora.UndecodableInputError: an input file is mostly not UTF-8 text (more than
+            `max_undecodable_fraction` of its lines); a file with fewer gets a warning.
         OSError: the output cannot be written.
         FileNotFoundError: an input pattern matches nothing.
     """
@@ -411,17 +419,17 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
         _check_writable(stats_path)
         documents = iter_documents(options, read_stats)
         chunks = iter_chunks(documents, options.documents_per_chunk)
-        progress = tqdm(
+        # Closed on failure too, so that an error message starts on a line of its own.
+        with tqdm(
             desc="create_pretraining_data", unit="doc", disable=not options.show_progress
-        )
-        for chunk in _iter_chunk_records(options, chunks, tokenizer):
-            writer.write_framed(chunk.framed)
-            totals.merge(chunk.stats)
-            masking_counts.update(chunk.masking_counts)
-            chunks_done += 1
-            progress.update(chunk.stats.documents + chunk.stats.empty_documents)
-            progress.set_postfix(instances=totals.instances)
-        progress.close()
+        ) as progress:
+            for chunk in _iter_chunk_records(options, chunks, tokenizer):
+                writer.write_framed(chunk.framed)
+                totals.merge(chunk.stats)
+                masking_counts.update(chunk.masking_counts)
+                chunks_done += 1
+                progress.update(chunk.stats.documents + chunk.stats.empty_documents)
+                progress.set_postfix(instances=totals.instances)
         if chunks_done == 0:
             raise ValueError(f"no documents in the input {options.input_file or options.corpus}")
     seconds = time.perf_counter() - started
@@ -607,6 +615,12 @@ def _define_flags() -> None:
         defaults.word_boundary_files,
         "Read word segmentations from <input_file>.words (see prepare_corpus).",
     )
+    flags.DEFINE_float(
+        "max_undecodable_fraction",
+        defaults.max_undecodable_fraction,
+        "Refuse an input file when more than this fraction of its non-blank lines are not "
+        "UTF-8 text (a binary file, another encoding); fewer get a warning naming the file.",
+    )
     flags.DEFINE_string("tfds_data_dir", None, "data_dir for tfds: inputs.")
     flags.DEFINE_string("tfds_split", defaults.tfds_split, "Split of tfds: inputs.")
     flags.DEFINE_string("tfds_text_key", defaults.tfds_text_key, "Text feature of tfds: inputs.")
@@ -639,11 +653,16 @@ def main(argv: list[str]) -> None:
         split_sentences=f.split_sentences,
         language=f.language,
         word_boundary_files=f.word_boundary_files,
+        max_undecodable_fraction=f.max_undecodable_fraction,
         tfds_data_dir=f.tfds_data_dir or "",
         tfds_split=f.tfds_split,
         tfds_text_key=f.tfds_text_key,
     )
-    stats = create_pretraining_data(options)
+    try:
+        stats = create_pretraining_data(options)
+    except corpora.UndecodableInputError as error:
+        # Not a bug to trace: one line naming the file (no output was written).
+        raise SystemExit(f"create_pretraining_data: {error}") from None
     print(json.dumps({k: stats[k] for k in ("documents", "instances", "nsp", "masking")}))
 
 

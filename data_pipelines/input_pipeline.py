@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from data_pipelines import masking, tfrecords
+from data_pipelines import masking, tfrecord_files, tfrecords
 
 # Salts that keep the seeds of different random choices apart.
 _FILE_ORDER_SALT = 1
@@ -57,8 +57,13 @@ _INT_FEATURES = (
 def list_files(file_patterns: str | Sequence[str]) -> list[str]:
     """Sorted, de-duplicated files matching comma-separated patterns or a list of them.
 
+    A writer's hidden temporaries (`tfrecord_files.is_temporary`, which `tf.io.gfile.glob`
+    matches with `dir/*`) are never input.
+
     Raises:
         FileNotFoundError: a pattern matches no file.
+        ValueError: a file belongs to a shard set whose writer is renaming it into place,
+            or was killed while doing so (`tfrecord_files.check_shard_set`).
     """
     if isinstance(file_patterns, str):
         file_patterns = [file_patterns]
@@ -67,10 +72,11 @@ def list_files(file_patterns: str | Sequence[str]) -> list[str]:
         raise FileNotFoundError("no input file pattern given")
     files = set()
     for pattern in patterns:
-        matched = tf.io.gfile.glob(pattern)
+        matched = [f for f in tf.io.gfile.glob(pattern) if not tfrecord_files.is_temporary(f)]
         if not matched:
             raise FileNotFoundError(f"input pattern {pattern!r} matches no file")
         files.update(matched)
+    tfrecord_files.check_shard_set(sorted(files))
     return sorted(files)
 
 

@@ -14,15 +14,39 @@ adds TFRecord's masking and framing. The tests compare the framed bytes with
 
 `TFRecordShardWriter` is the project's one TFRecord writer: it writes uncompressed files
 (the input pipeline also reads GZIP/ZLIB files written by other tools).
+
+A set of shards appears complete or not at all. One rename moves one file, and readers
+glob final names in the user's directory (`out-*-of-00004.tfrecord`), so no single rename
+can publish a set; instead:
+
+1. every shard is written under a hidden temporary name, `.NAME.incomplete-PID`;
+2. before the first rename, a journal `.FIRST_NAME.renaming-PID` listing the renames is
+   written into each output directory, and it is removed after the last rename. A failure
+   between renames (an exception, Ctrl-C) removes the shards already renamed;
+3. readers (`input_pipeline.list_files` through `check_shard_set`) refuse a file that a
+   journal names: its set is being renamed, or its writer died between renames (SIGKILL);
+4. the next writer into the directory resolves what dead processes (their PID no longer
+   running) left, with a log line naming the files: a journal whose renames all happened
+   leaves a complete set (the journal goes), one with none an untouched older set (the
+   temporaries go), and one in between a mix of two sets (its shards go); every other
+   temporary of a dead process goes too. A live process's files are left alone.
+
+Liveness is judged on this machine, so that cleanup is skipped for URLs (`gs://...`),
+whose writers may run elsewhere; their journals still stop readers.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 import struct
 from collections.abc import Iterable, Sequence
 
 import google_crc32c
+
+log = logging.getLogger(__name__)
 
 # Added after the rotation, so that a CRC of data that embeds CRCs is not degenerate.
 _MASK_DELTA = 0xA282EAD8
@@ -91,13 +115,193 @@ def shard_paths(output: str | Sequence[str], num_shards: int = 1) -> list[str]:
 
 def temporary_path(path: str) -> str:
     """Where `path` is written until it is complete."""
-    # A dot prefix and a suffix, so neither `out-*` nor `*.tfrecord` globs pick it up.
+    # A dot prefix and a suffix, so neither `out-*` nor `*.tfrecord` globs pick it up (though
+    # `tf.io.gfile.glob("dir/*")` does: see `is_temporary`); the PID tells whether its writer
+    # still runs (see `remove_stale_temporaries`).
     head, tail = os.path.split(path)
     return os.path.join(head, f".{tail}.incomplete-{os.getpid()}")
 
 
+def _journal_path(directory: str, first_path: str) -> str:
+    return os.path.join(directory, f".{os.path.basename(first_path)}.renaming-{os.getpid()}")
+
+
+_TEMPORARY = re.compile(r"^\..+\.incomplete-(\d+)$")
+_JOURNAL = re.compile(r"^\..+\.renaming-(\d+)$")
+
+
+def is_temporary(path: str) -> bool:
+    """Whether `path` is a writer's temporary or journal (never finished output)."""
+    name = os.path.basename(path)
+    return bool(_TEMPORARY.match(name) or _JOURNAL.match(name))
+
+
 def _is_url(path: str) -> bool:
     return "://" in path
+
+
+def _absolute(path: str) -> str:
+    return path if _is_url(path) else os.path.abspath(path)
+
+
+def _remove(path: str) -> None:
+    if _is_url(path):
+        import tensorflow as tf
+
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def _rename(source: str, target: str) -> None:
+    if _is_url(target):
+        import tensorflow as tf
+
+        tf.io.gfile.rename(source, target, overwrite=True)
+    else:
+        os.replace(source, target)
+
+
+def _list(directory: str) -> list[str]:
+    """The names in `directory` (none when it does not exist)."""
+    if _is_url(directory):
+        import tensorflow as tf
+
+        return tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else []
+    return os.listdir(directory) if os.path.isdir(directory) else []
+
+
+def _read_journal(path: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """A journal's (temporary, final) renames and the paths of all its copies (one per
+    output directory); none when it is unreadable: cut short, so its renames never began."""
+    try:
+        if _is_url(path):
+            import tensorflow as tf
+
+            with tf.io.gfile.GFile(path, "r") as f:
+                text = f.read()
+        else:
+            with open(path) as f:
+                text = f.read()
+        journal = json.loads(text)
+        return [(t, final) for t, final in journal["renames"]], list(journal["journals"])
+    except Exception:  # noqa: BLE001 - cut short, or removed since it was listed
+        return [], []
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+def check_shard_set(paths: Sequence[str]) -> None:
+    """Raises if a file of `paths` belongs to a shard set not (yet) completely renamed.
+
+    Looks for writer journals in the files' directories (see the module docstring).
+
+    Raises:
+        ValueError: naming the files, the writer's PID and what to do.
+    """
+    wanted = {_absolute(p): p for p in paths}
+    for directory in sorted({os.path.dirname(p) for p in wanted}):
+        for name in _list(directory):
+            match = _JOURNAL.match(name)
+            if not match:
+                continue
+            renames, _ = _read_journal(os.path.join(directory, name))
+            named = sorted(wanted[final] for _, final in renames if final in wanted)
+            if not named:
+                continue
+            pid = int(match.group(1))
+            if _is_url(directory):  # its writer may run on another machine
+                state = "is renaming them into place, or stopped doing so: wait, or run it again"
+            elif _process_alive(pid):
+                state = "is renaming them into place now: wait for it to finish"
+            else:
+                state = (
+                    "stopped while renaming them into place, so the set may be partial: "
+                    "run it again (its start removes what is partial)"
+                )
+            raise ValueError(
+                f"{', '.join(named)}: the run that writes this shard set (pid {pid}, "
+                f"journal {os.path.join(directory, name)}) {state}"
+            )
+
+
+# ----------------------------------------------------------------------------- cleanup
+
+
+def remove_stale_temporaries(directory: str) -> list[str]:
+    """Resolves what writers that are no longer running left in `directory`.
+
+    See the module docstring; logs a warning naming every file removed. Does nothing for
+    URLs (a writer elsewhere may own them).
+
+    Returns:
+        The paths removed.
+    """
+    if _is_url(directory):
+        return []
+    removed: list[str] = []
+    names = _list(directory)
+    # Journals first: whether a dead writer renamed a shard shows in its temporaries.
+    for name in names:
+        match = _JOURNAL.match(name)
+        if match and not _process_alive(int(match.group(1))):
+            removed += _resolve_dead_journal(os.path.join(directory, name), match.group(1))
+    for name in names:
+        match = _TEMPORARY.match(name)
+        path = os.path.join(directory, name)
+        if match and not _process_alive(int(match.group(1))) and _unlink(path):
+            removed.append(path)
+    if removed:
+        log.warning(
+            "removed %d file(s) left by runs that are no longer running: %s",
+            len(removed),
+            ", ".join(removed),
+        )
+    return removed
+
+
+def _resolve_dead_journal(journal: str, pid: str) -> list[str]:
+    """Removes the journal of a dead writer, its copies and temporaries in other output
+    directories, and its shards when only some were renamed. Returns what it removed."""
+    renames, journals = _read_journal(journal)
+    # Renames go in order, and a renamed shard's temporary is gone.
+    renamed = sum(not os.path.exists(temporary) for temporary, _ in renames)
+    partial = 0 < renamed < len(renames)
+    removed = []
+    if partial:
+        shards = [final for _, final in renames if _unlink(final)]
+        log.warning(
+            "removed the partial shard set of a run (pid %s) killed while renaming it into "
+            "place: %s",
+            pid,
+            ", ".join(shards),
+        )
+        removed += shards
+    for path in [temporary for temporary, _ in renames] + journals + [journal]:
+        if _unlink(path):
+            removed.append(path)
+    return removed
+
+
+def _unlink(path: str) -> bool:
+    """Removes a local file; False when it is not there (another run may have removed it)."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- writing
@@ -106,10 +310,12 @@ def _is_url(path: str) -> bool:
 class TFRecordShardWriter:
     """Writes records round-robin over shards (or to a chosen shard), atomically.
 
-    Every shard is written under a hidden temporary name and renamed to its final name only
-    when `close()` succeeds, so a crashed or interrupted run leaves nothing that looks like
-    finished output. Use as a context manager: on an exception inside the `with` block the
-    temporaries are deleted. Local paths need no TensorFlow; URLs (`gs://...`) go through
+    Every shard is written under a hidden temporary name and the whole set is renamed to its
+    final names only when `close()` succeeds, so a crashed or interrupted run leaves nothing
+    that looks like finished output (see the module docstring for how a set appears at
+    once). Use as a context manager: on an exception inside the `with` block the
+    temporaries are deleted. Opening the writer first removes what dead runs left in the
+    output directories. Local paths need no TensorFlow; URLs (`gs://...`) go through
     `tf.io.gfile`.
 
     Example::
@@ -138,6 +344,8 @@ class TFRecordShardWriter:
         self._files: list = []
         path = self.paths[0]
         try:
+            for directory in sorted({os.path.dirname(p) for p in self.paths}):
+                remove_stale_temporaries(directory or ".")
             for path, temporary in zip(self.paths, self._temporary, strict=True):
                 self._files.append(_open_for_writing(path, temporary))
         except Exception as error:
@@ -176,23 +384,43 @@ class TFRecordShardWriter:
             self.counts[shard] += 1
 
     def close(self) -> list[str]:
-        """Flushes every shard and renames it to its final name; returns the final paths."""
+        """Flushes every shard and renames the set to its final names; returns them.
+
+        On any failure (Ctrl-C included) no shard is left under a final name.
+        """
         if self._closed:
             return self.paths
         self._closed = True
+        renames = list(zip(self._temporary, self.paths, strict=True))
+        # One journal per output directory, so readers find it where they glob.
+        journals = [
+            _journal_path(directory, self.paths[0])
+            for directory in sorted({os.path.dirname(p) for p in self.paths})
+        ]
+        renamed: list[str] = []
         try:
             for f in self._files:
                 f.close()
-            for temporary, path in zip(self._temporary, self.paths, strict=True):
-                if _is_url(path):
-                    import tensorflow as tf
-
-                    tf.io.gfile.rename(temporary, path, overwrite=True)
-                else:
-                    os.replace(temporary, path)
-        except Exception:
+            text = json.dumps(
+                {
+                    "renames": [[_absolute(t), _absolute(p)] for t, p in renames],
+                    "journals": [_absolute(j) for j in journals],
+                }
+            )
+            for journal in journals:
+                _write_synced(journal, text)
+            for temporary, path in renames:
+                _rename(temporary, path)
+                renamed.append(path)
+        except BaseException:
+            for path in renamed:  # a set is whole or absent
+                _remove_quietly(path)
             self._discard()
+            for journal in journals:
+                _remove_quietly(journal)
             raise
+        for journal in journals:
+            _remove(journal)
         return self.paths
 
     def abort(self) -> None:
@@ -206,17 +434,8 @@ class TFRecordShardWriter:
                 f.close()
             except Exception:  # already failing: removing the files matters more
                 pass
-        for path, temporary in zip(self.paths, self._temporary, strict=False):
-            try:
-                if _is_url(path):
-                    import tensorflow as tf
-
-                    if tf.io.gfile.exists(temporary):
-                        tf.io.gfile.remove(temporary)
-                elif os.path.exists(temporary):
-                    os.remove(temporary)
-            except Exception:
-                pass
+        for temporary in self._temporary:
+            _remove_quietly(temporary)
 
     def __enter__(self) -> TFRecordShardWriter:
         return self
@@ -226,6 +445,27 @@ class TFRecordShardWriter:
             self.close()
         else:
             self.abort()
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        _remove(path)
+    except Exception:  # already failing: the first error is the one to report
+        pass
+
+
+def _write_synced(path: str, text: str) -> None:
+    """Writes `path` and, locally, waits until it is on disk (so it precedes the renames)."""
+    if _is_url(path):
+        import tensorflow as tf
+
+        with tf.io.gfile.GFile(path, "w") as f:
+            f.write(text)
+        return
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _open_for_writing(path: str, temporary: str):
