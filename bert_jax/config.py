@@ -33,6 +33,21 @@ REMAT_POLICIES = (
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
+HIDDEN_ACTS = (
+    "gelu",  # exact GELU, x * Phi(x) with erf: PyTorch's and transformers' "gelu"
+    "gelu_tanh",  # the tanh approximation in google-research/bert (modeling.gelu)
+)
+# The `hidden_act` each JSON flavour may hold -> ours. Google's bert_config.json says "gelu"
+# for the tanh form: the original code has no other GELU, and Google's checkpoints were
+# trained with it. We write an exact-GELU model there as "gelu_exact", which the original
+# code refuses rather than running it with the wrong GELU. In transformers (4.57) "gelu" is
+# erf, "gelu_new" the tanh formula as the original writes it (what we export) and
+# "gelu_pytorch_tanh" torch's fused kernel of the same formula.
+_JSON_ACTS = {
+    "google": {"gelu": "gelu_tanh", "gelu_exact": "gelu"},
+    "hf": {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"},
+}
+
 
 class ConfigError(ValueError):
     """A model configuration that cannot describe a working BERT."""
@@ -47,7 +62,7 @@ class BertConfig:
     num_hidden_layers: int = 12  # number of transformer layers L
     num_attention_heads: int = 12  # attention heads A; H must divide by A
     intermediate_size: int = 3072  # width of the feed-forward block (4H in every preset)
-    hidden_act: str = "gelu"  # exact-erf GELU, as the original (only "gelu" is supported)
+    hidden_act: str = "gelu"  # GELU form, one of HIDDEN_ACTS; Google's checkpoints use "gelu_tanh"
     hidden_dropout_prob: float = 0.1  # dropout after embeddings, attention output and FFN
     attention_probs_dropout_prob: float = 0.1  # dropout on the attention probabilities
     max_position_embeddings: int = 512  # longest sequence the position table covers
@@ -82,8 +97,10 @@ class BertConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 problems.append(f"{name} must be in [0, 1), got {value!r}")
-        if self.hidden_act not in ("gelu", "gelu_exact"):
-            problems.append(f"hidden_act {self.hidden_act!r} is not supported (only 'gelu')")
+        if self.hidden_act not in HIDDEN_ACTS:
+            problems.append(
+                f"hidden_act {self.hidden_act!r} is not supported; use one of {HIDDEN_ACTS}"
+            )
         if self.layer_norm_eps <= 0:
             problems.append(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
         for name in ("dtype", "param_dtype"):
@@ -122,10 +139,10 @@ class BertConfig:
     # --- JSON: Google's bert_config.json and Hugging Face's config.json -------------------
 
     def to_google_dict(self) -> dict[str, Any]:
-        """The fields of Google's `bert_config.json`."""
+        """The fields of Google's `bert_config.json` (whose "gelu" is the tanh form)."""
         return {
             "attention_probs_dropout_prob": self.attention_probs_dropout_prob,
-            "hidden_act": "gelu",
+            "hidden_act": "gelu" if self.hidden_act == "gelu_tanh" else "gelu_exact",
             "hidden_dropout_prob": self.hidden_dropout_prob,
             "hidden_size": self.hidden_size,
             "initializer_range": self.initializer_range,
@@ -143,6 +160,8 @@ class BertConfig:
             "architectures": ["BertForPreTraining"],
             "model_type": "bert",
             **self.to_google_dict(),
+            # "gelu_new", not "gelu_pytorch_tanh": the tanh formula itself, op for op.
+            "hidden_act": "gelu_new" if self.hidden_act == "gelu_tanh" else "gelu",
             "layer_norm_eps": self.layer_norm_eps,
             "pad_token_id": 0,
             "position_embedding_type": "absolute",
@@ -150,19 +169,28 @@ class BertConfig:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "<dict>", **overrides: Any):
-        """Reads Google or HF fields; unknown keys are ignored, wrong values are errors."""
+    def from_dict(
+        cls, data: dict[str, Any], source: str = "<dict>", *, flavour: str = "hf", **overrides: Any
+    ) -> BertConfig:
+        """Reads Google or HF fields; unknown keys are ignored, wrong values are errors.
+
+        `flavour` says whose names `hidden_act` uses: "google" for google-research/bert's
+        `bert_config.json` ("gelu" is the tanh form), "hf" for `config.json` ("gelu" is erf).
+        """
         if data.get("model_type", "bert") != "bert":
             raise ConfigError(f"{source}: model_type {data['model_type']!r} is not 'bert'")
         pos_type = data.get("position_embedding_type", "absolute")
         if pos_type != "absolute":
             raise ConfigError(f"{source}: position_embedding_type {pos_type!r} is not supported")
+        acts = _JSON_ACTS[flavour]
         act = data.get("hidden_act", "gelu")
-        if act not in ("gelu", "gelu_exact"):
-            raise ConfigError(f"{source}: hidden_act {act!r} is not supported (only exact GELU)")
+        if act not in acts:
+            raise ConfigError(
+                f"{source}: hidden_act {act!r} is not supported; use one of {tuple(acts)}"
+            )
         names = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in data.items() if k in names and k not in ("dtype",)}
-        fields["hidden_act"] = "gelu"
+        fields["hidden_act"] = acts[act]
         fields.update(overrides)
         try:
             return cls(**fields)
@@ -170,8 +198,10 @@ class BertConfig:
             raise ConfigError(f"{source}: {e}") from None
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike, **overrides: Any) -> BertConfig:
-        """Loads `bert_config.json` (Google) or `config.json` (HF)."""
+    def from_json_file(
+        cls, path: str | os.PathLike, *, flavour: str = "hf", **overrides: Any
+    ) -> BertConfig:
+        """Loads `config.json` (HF) or, with flavour="google", Google's `bert_config.json`."""
         path = os.fspath(path)
         try:
             with open(path, encoding="utf-8") as f:
@@ -180,7 +210,7 @@ class BertConfig:
             raise ConfigError(f"{path}: no such config file") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_dict(data, source=path, **overrides)
+        return cls.from_dict(data, source=path, flavour=flavour, **overrides)
 
     def write_json(self, path: str | os.PathLike, flavour: str = "google") -> None:
         """Writes `bert_config.json` (flavour="google") or `config.json` (flavour="hf")."""

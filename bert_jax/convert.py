@@ -4,12 +4,14 @@ Import (`load_pretrained`) reads any of
   * a Hugging Face BERT directory: `config.json` + `model.safetensors` + `vocab.txt`
     (BertModel keys, or BertFor* keys under `bert.`; LayerNorm weight/bias or gamma/beta);
   * a google-research/bert TF1 checkpoint: the `bert_model.ckpt` prefix (or its directory)
-    with `bert_config.json` and `vocab.txt` beside it (optimiser slots are skipped);
+    with `bert_config.json` and `vocab.txt` beside it (optimiser slots are skipped; the
+    config's "gelu" is the original code's tanh GELU, `hidden_act="gelu_tanh"` here);
   * this project's params-only Orbax directory (`save_params`);
 and returns the plain (unboxed) `params` of one of our models, looped or scanned as its
 config says. Heads the source lacks start from our model's init, with a warning naming
 each. Export: `save_hf` writes a directory `transformers` loads with no missing or
-unexpected keys; `save_params` writes params-only Orbax. Numpy in, numpy out: no torch.
+unexpected keys (`hidden_act` "gelu" or, for the tanh form, "gelu_new"); `save_params`
+writes params-only Orbax. Numpy in, numpy out: no torch.
 
 Usage:
     python -m bert_jax.convert --input=uncased_L-12_H-768_A-12/bert_model.ckpt \
@@ -186,7 +188,8 @@ def load_pretrained(
         if the source has both MLM and NSP heads, else encoder), or a module from
         `bert_jax.heads` whose encoder is called `bert` (its config is replaced).
       rng: PRNG key for the heads the source lacks (default `jax.random.key(0)`).
-      config_file: a config that replaces the one beside the checkpoint.
+      config_file: a config that replaces the one beside the checkpoint (for a TF
+        checkpoint read as Google's `bert_config.json`, whose "gelu" is the tanh form).
 
     Returns:
       (config, params, vocab_file or None); run with `module.apply({"params": params}, ...)`.

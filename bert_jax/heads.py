@@ -13,7 +13,15 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
-from bert_jax.model import BertModel, BertOutput, constrain, dense, gelu, layer_norm, zeros_init
+from bert_jax.model import (
+    BertModel,
+    BertOutput,
+    activation,
+    constrain,
+    dense,
+    layer_norm,
+    zeros_init,
+)
 
 
 def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
@@ -30,7 +38,7 @@ class MaskedLMHead(nn.Module):
     def __call__(self, states: jax.Array, word_table: jax.Array) -> jax.Array:
         cfg = self.config
         h = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "transform")(states)
-        h = gelu(h)
+        h = activation(cfg)(h)
         h = layer_norm(cfg, "layer_norm")(h)
         bias = self.param("output_bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
         logits = jnp.einsum(

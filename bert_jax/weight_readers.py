@@ -188,7 +188,8 @@ def _tf_source(prefix: str, config_file: str | None) -> Source:
         "tf",
         shapes,
         reader.get_tensor,
-        BertConfig.from_json_file(config_file) if config_file else None,
+        # Google's "gelu" is the tanh form its checkpoints were trained with.
+        BertConfig.from_json_file(config_file, flavour="google") if config_file else None,
         _found(directory, "vocab.txt"),
     )
 

@@ -164,6 +164,8 @@ def test_paper_hyperparameters(name):
         assert (opt.b1, opt.b2, opt.weight_decay, opt.decay_power) == (0.9, 0.999, 0.01, 1.0)
         assert opt.grad_accum_steps == 1
         assert config.model.preset == ("base" if "base" in name else "large")
+        # The paper's models ran google-research/bert's GELU: the tanh approximation.
+        assert train.model_config(config).hidden_act == "gelu_tanh"
     _, one = load(name, "phase1")
     assert one.stop_at_step == 900_000
 

@@ -1,12 +1,15 @@
 """Model tier 1: output shapes of every head, parameter counts, scan == loop, config checks."""
 
+import ast
 import json
+import types
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from original_bert import original_script
 
 from bert_jax.config import BertConfig, ConfigError
 from bert_jax.convert import stack_layers
@@ -16,7 +19,7 @@ from bert_jax.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from bert_jax.model import BertModel, gelu
+from bert_jax.model import BertModel, gelu, gelu_tanh
 
 TINY = BertConfig(
     vocab_size=97,
@@ -78,6 +81,24 @@ def test_gelu_is_the_exact_erf_gelu():
     cdf = np.array([0.5 * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x])
     ref_grad = cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
     np.testing.assert_allclose(np.asarray(grad, np.float64), ref_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_tanh_is_the_original_code_gelu():
+    """`gelu_tanh` against google-research/bert's own `gelu`, evaluated in float64."""
+    path = original_script("modeling.py")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    body = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "gelu"]
+    # Its tf.tanh and tf.pow, in numpy: the original's expression, in float64.
+    namespace = {"np": np, "tf": types.SimpleNamespace(tanh=np.tanh, pow=np.power)}
+    exec(compile(ast.Module(body=body, type_ignores=[]), path, "exec"), namespace)
+    x = np.concatenate([np.linspace(-10, 10, 4001), [-30.0, -6.5, 0.0, 1e-8, 6.5, 30.0]])
+    ref = namespace["gelu"](x)
+    ours = np.asarray(gelu_tanh(jnp.asarray(x, jnp.float32)), np.float64)
+    np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=2e-6)
+    # The forms are not interchangeable: 4.7e-4 apart at |x| = 2.7.
+    gap = np.abs(ours - np.asarray(gelu(jnp.asarray(x, jnp.float32)), np.float64))
+    assert 4.6e-4 < gap.max() < 4.8e-4 and abs(abs(x[gap.argmax()]) - 2.7) < 0.01
 
 
 # --- Shapes -----------------------------------------------------------------------------------
@@ -226,6 +247,7 @@ def test_scan_and_loop_differ_only_in_layout():
         (dict(vocab_size=-5), "vocab_size must be a positive integer"),
         (dict(hidden_dropout_prob=1.0), "hidden_dropout_prob must be in [0, 1)"),
         (dict(hidden_act="relu"), "hidden_act 'relu' is not supported"),
+        (dict(hidden_act="gelu_new"), "use one of ('gelu', 'gelu_tanh')"),
         (dict(remat_policy="some"), "remat_policy must be one of"),
         (dict(dtype="int8"), "dtype must be one of"),
         (dict(layer_norm_eps=0.0), "layer_norm_eps must be positive"),
@@ -257,11 +279,16 @@ def test_config_errors_from_files(tmp_path):
         BertConfig.from_json_file(tmp_path / "missing.json")
 
 
-def test_google_config_round_trip(tmp_path):
-    config = BertConfig.from_preset("small", vocab_size=21128, type_vocab_size=3)
+@pytest.mark.parametrize("hidden_act,google_name", [("gelu_tanh", "gelu"), ("gelu", "gelu_exact")])
+def test_google_config_round_trip(tmp_path, hidden_act, google_name):
+    config = BertConfig.from_preset(
+        "small", vocab_size=21128, type_vocab_size=3, hidden_act=hidden_act
+    )
     path = tmp_path / "bert_config.json"
     config.write_json(path, flavour="google")
     data = json.loads(path.read_text())
+    # The original's "gelu" is its tanh form; an exact GELU gets a name it refuses.
+    assert data["hidden_act"] == google_name
     # The exact key set of google-research/bert's published bert_config.json files.
     assert set(data) == {
         "attention_probs_dropout_prob",
@@ -276,14 +303,39 @@ def test_google_config_round_trip(tmp_path):
         "type_vocab_size",
         "vocab_size",
     }
-    assert BertConfig.from_json_file(path) == config
+    assert BertConfig.from_json_file(path, flavour="google") == config
 
 
-def test_hf_config_round_trip_through_transformers(tmp_path):
+def test_json_hidden_act_names(tmp_path):
+    """Each flavour's names for the two forms; anything else is refused by name."""
+    path = tmp_path / "config.json"
+    expected = {
+        "google": {"gelu": "gelu_tanh", "gelu_exact": "gelu"},
+        "hf": {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"},
+    }
+    for flavour, names in expected.items():
+        for name, ours in names.items():
+            path.write_text(json.dumps({"hidden_act": name}))
+            assert BertConfig.from_json_file(path, flavour=flavour).hidden_act == ours
+    for flavour, name in [("google", "relu"), ("google", "gelu_tanh"), ("hf", "gelu_fast")]:
+        path.write_text(json.dumps({"hidden_act": name}))
+        with pytest.raises(ConfigError) as err:
+            BertConfig.from_json_file(path, flavour=flavour)
+        allowed = tuple(expected[flavour])
+        assert f"config.json: hidden_act {name!r} is not supported; use one of {allowed}" in str(
+            err.value
+        )
+
+
+@pytest.mark.parametrize("hidden_act,hf_name", [("gelu", "gelu"), ("gelu_tanh", "gelu_new")])
+def test_hf_config_round_trip_through_transformers(tmp_path, hidden_act, hf_name):
     transformers = pytest.importorskip("transformers")
-    config = BertConfig.from_preset("mini", vocab_size=1000, layer_norm_eps=1e-7)
+    config = BertConfig.from_preset(
+        "mini", vocab_size=1000, layer_norm_eps=1e-7, hidden_act=hidden_act
+    )
     path = tmp_path / "config.json"
     config.write_json(path, flavour="hf")
+    assert json.loads(path.read_text())["hidden_act"] == hf_name
     assert BertConfig.from_json_file(path) == config
     # transformers reads our config.json with the same architecture...
     theirs = transformers.BertConfig.from_json_file(str(path))
@@ -296,9 +348,9 @@ def test_hf_config_round_trip_through_transformers(tmp_path):
         "max_position_embeddings",
         "type_vocab_size",
         "layer_norm_eps",
-        "hidden_act",
     ):
         assert getattr(theirs, field) == getattr(config, field), field
+    assert theirs.hidden_act == hf_name
     # ...and the config.json transformers writes reads back as the same config.
     out = tmp_path / "theirs"
     theirs.save_pretrained(str(out))

@@ -22,6 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.model = ml_collections.ConfigDict()
     config.model.preset = "tiny"  # L2/H128/A2 (bert_jax.config.PRESETS)
     config.model.vocab_size = placeholder(int)  # None: the vocab file's size
+    config.model.hidden_act = "gelu"  # exact GELU; "gelu_tanh" is the original code's form
     config.model.dtype = "float32"  # compute dtype; "bfloat16" uses bf16 matmul inputs
     config.model.scan_layers = False  # nn.scan over layers (faster compiles when deep)
     config.model.remat_policy = "none"  # rematerialisation (bert_jax.config.REMAT_POLICIES)
