@@ -85,17 +85,30 @@ class BertForPreTraining(nn.Module):
 
 
 class BertForSequenceClassification(nn.Module):
-    """Pooled [CLS] -> dropout -> dense; `num_labels=1` is regression."""
+    """Pooled [CLS] -> dropout -> dense; `num_labels=1` is regression.
+
+    `pooling="mean"` classifies the mean of the last layer over the input's tokens instead
+    (the pooler's weights stay, unused, so checkpoints keep one layout).
+    """
 
     config: BertConfig
     num_labels: int
+    pooling: str = "cls"  # "cls": BERT's tanh pooler on [CLS]; "mean": mean over tokens
 
     @nn.compact
     def __call__(self, input_ids, input_mask, token_type_ids, *, deterministic: bool = True):
         out = BertModel(self.config, name="bert")(
             input_ids, input_mask, token_type_ids, deterministic=deterministic
         )
-        x = nn.Dropout(self.config.hidden_dropout_prob)(out.pooled_output, deterministic)
+        if self.pooling == "cls":
+            pooled = out.pooled_output
+        elif self.pooling == "mean":
+            mask = input_mask[..., None].astype(jnp.float32)  # (B, S, 1)
+            hidden = out.sequence_output.astype(jnp.float32)
+            pooled = (hidden * mask).sum(1) / jnp.maximum(mask.sum(1), 1.0)  # (B, H)
+        else:
+            raise ValueError(f"pooling must be 'cls' or 'mean', not {self.pooling!r}")
+        x = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic)
         return dense(self.config, self.num_labels, ("embed", None), "classifier")(x)  # (B, C)
 
 

@@ -53,6 +53,13 @@ flags.DEFINE_integer("seed", 0, "Changes every seed of the run (see the docstrin
 flags.DEFINE_integer("pretrain_steps", 3_600, "Pretraining steps.")
 flags.DEFINE_integer("pretrain_batch_size", 64, "Pretraining sequences per step.")
 flags.DEFINE_float("pretrain_learning_rate", 1e-3, "Peak pretraining learning rate.")
+flags.DEFINE_enum(
+    "pretrain_optimizer",
+    "adamw_bias_corrected",
+    ["adamw", "adamw_bias_corrected"],
+    "Pretraining optimizer (bert_jax.optim): BERT's AdamW has no bias correction, which "
+    "makes the first updates of a run this short several times too large (see the README).",
+)
 flags.DEFINE_integer("max_seq_length", 64, "Pretraining sequence length (pieces).")
 flags.DEFINE_integer("dupe_factor", 2, "Masked copies of the training corpus in the records.")
 flags.DEFINE_integer("vocab_size", 8000, "WordPiece vocabulary size (special tokens included).")
@@ -65,6 +72,13 @@ flags.DEFINE_integer(
     "min_finetune_steps", 300, "Small budgets train more epochs, to at least this many steps."
 )
 flags.DEFINE_float("finetune_learning_rate", 3e-4, "Peak fine-tuning learning rate (both arms).")
+flags.DEFINE_enum(
+    "pooling",
+    "mean",
+    ["cls", "mean"],
+    "What the classifier reads (both arms): BERT's pooled [CLS], or the mean of the last "
+    "layer. The demo's pretraining leaves NSP, and so the pooler, at the majority class.",
+)
 FLAGS = flags.FLAGS
 
 HELD_OUT_EVERY = 20  # every 20th document is an evaluation document
@@ -73,7 +87,7 @@ ARMS = ("pretrained", "scratch")
 # The flags that decide what the records and the pretrained model are: a workdir holds one.
 PRETRAINING_FLAGS = (
     "corpora", "seed", "pretrain_steps", "pretrain_batch_size", "pretrain_learning_rate",
-    "max_seq_length", "dupe_factor", "vocab_size",
+    "pretrain_optimizer", "max_seq_length", "dupe_factor", "vocab_size",
 )  # fmt: skip
 
 
@@ -184,6 +198,7 @@ def pretrain(records_dir: str, vocab: str, workdir: str) -> str:
         f"--config.data.max_predictions_per_seq={predictions_per_seq()}",
         f"--config.global_batch_size={FLAGS.pretrain_batch_size}",
         f"--config.num_train_steps={steps}",
+        f"--config.optimizer.name={FLAGS.pretrain_optimizer}",
         f"--config.optimizer.learning_rate={FLAGS.pretrain_learning_rate}",
         f"--config.optimizer.warmup_steps={max(steps // 20, 1)}",
         f"--config.log_every={min(50, max(steps // 20, 1))}",
@@ -220,16 +235,21 @@ def finetune_all(pretrain_dir: str, vocab: str, workdir: str) -> list[dict]:
 
     base = finetune_tiny_polarity.get_config()
     base.init_from, base.vocab_file = pretrain_dir, vocab
-    base.learning_rate = FLAGS.finetune_learning_rate
+    base.learning_rate, base.pooling = FLAGS.finetune_learning_rate, FLAGS.pooling
     num_train = len(polarity.load(base.data_dir or None).train)
     seeds = [FLAGS.seed * FLAGS.finetune_seeds + i for i in range(FLAGS.finetune_seeds)]
+    # Runs are kept per fine-tuning recipe: another recipe in the same workdir reruns them.
+    recipe = (
+        f"{FLAGS.pooling}_lr{FLAGS.finetune_learning_rate:g}"
+        f"_epochs{FLAGS.finetune_epochs}_min{FLAGS.min_finetune_steps}"
+    )
     jobs = [(n, seed, arm) for n in label_budgets(num_train) for seed in seeds for arm in ARMS]
     results = {}
     # Orbax narrates each save and restore, and every run warns that its head is fresh and
     # that 1-2 sentences are truncated: the bar below is the stage's progress, errors aside.
     logging.set_verbosity(logging.ERROR)
     for labels, seed, arm in tqdm(jobs, desc="5/6 finetune", unit="run"):
-        out = os.path.join(workdir, "finetune", f"{labels}_labels", f"{arm}_seed{seed}")
+        out = os.path.join(workdir, "finetune", recipe, f"{labels}_labels", f"{arm}_seed{seed}")
         metrics_file = os.path.join(out, "metrics.json")
         if os.path.exists(metrics_file):
             with open(metrics_file, encoding="utf-8") as f:
@@ -287,10 +307,12 @@ def report(workdir: str, pretrain_dir: str, budgets: list[dict], wall_time_s: di
     summary = {
         "seed": FLAGS.seed,
         "label_budgets": budgets,
+        "finetuning": {"pooling": FLAGS.pooling, "learning_rate": FLAGS.finetune_learning_rate},
         "pretraining": {
             "corpora": FLAGS.corpora,
             "steps": FLAGS.pretrain_steps,
             "batch_size": FLAGS.pretrain_batch_size,
+            "optimizer": FLAGS.pretrain_optimizer,
             "max_seq_length": FLAGS.max_seq_length,
             "held_out": [
                 {k: r[k] for k in ("step", "loss", "mlm_accuracy", "nsp_accuracy")} for r in evals

@@ -142,7 +142,8 @@ def load_classifier(directory: str):
         `num_outputs`, `do_lower_case` and `max_seq_length`).
     """
     bert_config, params, vocab_file, meta = common.load_finetuned(directory)
-    model = BertForSequenceClassification(bert_config, meta["num_outputs"])
+    pooling = meta.get("pooling", "cls")  # (models saved before the option pooled [CLS])
+    model = BertForSequenceClassification(bert_config, meta["num_outputs"], pooling=pooling)
     return model, bert_config, params, vocab_file, meta
 
 
@@ -169,7 +170,7 @@ def finetune(
     num_outputs = 1 if task.labels is None else len(task.labels)
     overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
     model, bert_config, params, vocab_file = common.load_model(
-        BertForSequenceClassification(BertConfig(), num_outputs),
+        BertForSequenceClassification(BertConfig(), num_outputs, pooling=config.pooling),
         config.init_from,
         from_scratch=config.from_scratch,
         bert_config_file=config.bert_config_file or None,
@@ -292,7 +293,8 @@ def finetune(
                 glue.write_submission(path, task.glue_task, [e.guid for e in examples], predictions)
                 logging.info("wrote %s", path)
     meta = {"task": config.task, "labels": task.labels, "num_outputs": num_outputs,
-            "do_lower_case": config.do_lower_case, "max_seq_length": config.max_seq_length,
+            "pooling": config.pooling, "do_lower_case": config.do_lower_case,
+            "max_seq_length": config.max_seq_length,
             "init_from": config.init_from, "data_dir": config.data_dir}  # fmt: skip
     common.save_finetuned(os.path.join(workdir, "checkpoint"), bert_config, state.params,
                           vocab_file=vocab_file, metadata=meta)  # fmt: skip

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +22,7 @@ from bert_jax import finetune_common as common
 from bert_jax import sharding
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForSequenceClassification
+from bert_jax.model import BertModel
 from data_pipelines.tasks.classification_features import encode_sentences
 from data_pipelines.tasks.sentence_tasks import load_sentence_task
 from data_pipelines.tokenization import load_tokenizer
@@ -121,8 +123,9 @@ def test_losses():
     assert float(ftc.loss_fn(logits[:, :1], targets, True)) == pytest.approx(mse)
 
 
-def test_cutting_padding_does_not_change_logits():
-    model = BertForSequenceClassification(TINY, 2)
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_cutting_padding_does_not_change_logits(pooling):
+    model = BertForSequenceClassification(TINY, 2, pooling=pooling)
     batch = _random_batch(np.zeros(8, np.int32))
     params = model.init(jax.random.key(0), *(batch[k] for k in ftc.INPUT_KEYS))["params"]
     predict = jax.jit(functools.partial(ftc.predict_step, model=model))
@@ -132,6 +135,23 @@ def test_cutting_padding_does_not_change_logits():
     cut = common.take(batch, np.arange(8), length)
     assert cut["input_ids"].shape == (8, 12) and cut["labels"].shape == (8,)
     np.testing.assert_allclose(predict(params, cut), full, atol=1e-5)
+
+
+def test_mean_pooling_classifies_the_mean_of_the_last_layer_over_real_tokens():
+    model = BertForSequenceClassification(TINY, 2, pooling="mean")
+    batch = _random_batch(np.zeros(8, np.int32))
+    inputs = [batch[k] for k in ftc.INPUT_KEYS]
+    params = nn.unbox(model.init(jax.random.key(0), *inputs)["params"])
+    logits = model.apply({"params": params}, *inputs)
+    hidden = BertModel(TINY).apply({"params": params["bert"]}, *inputs).sequence_output
+    mask = np.asarray(batch["input_mask"], np.float32)[..., None]
+    assert 0 < mask.sum() < mask.size  # the batch has padding to leave out
+    pooled = (np.asarray(hidden) * mask).sum(1) / mask.sum(1)
+    head = params["classifier"]
+    expected = pooled @ np.asarray(head["kernel"]) + np.asarray(head["bias"])
+    np.testing.assert_allclose(logits, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="pooling must be 'cls' or 'mean', not 'max'"):
+        BertForSequenceClassification(TINY, 2, pooling="max").init(jax.random.key(0), *inputs)
 
 
 def test_train_batches_cover_each_example_once_in_similar_lengths():
@@ -199,12 +219,13 @@ def test_saved_checkpoint_reloads_and_predicts_the_same(checkpoints, tmp_path):
     config.unlock()
     config.update(
         data_dir=str(GLUE_DIR / "SST-2"), init_from=str(checkpoints["hf"]), max_seq_length=32,
-        train_batch_size=8, eval_batch_size=8, num_epochs=1, learning_rate=1e-3,
+        train_batch_size=8, eval_batch_size=8, num_epochs=1, learning_rate=1e-3, pooling="mean",
     )  # fmt: skip
     ftc.finetune(config, str(tmp_path))
 
     model, bert_config, params, vocab, meta = ftc.load_classifier(str(tmp_path / "checkpoint"))
     assert bert_config.hidden_size == TINY.hidden_size and model.num_labels == 2
+    assert meta["pooling"] == model.pooling == "mean"
     task = load_sentence_task(config.task, config.data_dir)
     assert meta["labels"] == ["0", "1"] and meta["num_outputs"] == 2 and meta["task"] == config.task
     assert Path(vocab).read_text() == Path(minilm_vocab()).read_text()

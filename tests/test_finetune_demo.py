@@ -110,8 +110,11 @@ def test_a_tiny_demo_end_to_end(tmp_path):
         assert budget["seeds"] == [2, 3]  # --seed=1 with 2 fine-tuning seeds
         for arm in ("pretrained", "scratch"):
             assert len(budget[arm]) == 2 and all(0 <= a <= 1 for a in budget[arm])
-    run = workdir / "finetune" / "40_labels" / "scratch_seed3" / "metrics.json"
-    assert json.loads(run.read_text())["num_examples"]["train"] == 40
+    recipe = workdir / "finetune" / "mean_lr0.0003_epochs1_min2"  # the fine-tuning flags
+    run = json.loads((recipe / "40_labels" / "scratch_seed3" / "metrics.json").read_text())
+    assert run["num_examples"]["train"] == 40
+    assert summary["finetuning"] == {"pooling": "mean", "learning_rate": 3e-4}
+    assert summary["pretraining"]["optimizer"] == "adamw_bias_corrected"
     held_out = summary["pretraining"]["held_out"]
     assert held_out[0]["step"] == 0 and held_out[-1]["step"] == 30
     assert (workdir / "curves.png").exists()

@@ -33,6 +33,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.model_overrides = ml_collections.ConfigDict()
     config.model_overrides.hidden_dropout_prob = placeholder(float)  # None: the checkpoint's
 
+    config.pooling = "cls"  # BERT's tanh pooler on [CLS]; "mean": mean of the last layer
+
     config.max_seq_length = 64  # word pieces incl. [CLS]/[SEP]
     config.max_train_examples = placeholder(int)  # None: all; N: a random N drawn with `seed`
     config.train_batch_size = 32  # global
