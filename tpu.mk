@@ -10,7 +10,8 @@
 PROJECT ?= my-gcp-project
 ZONE ?= europe-west4-a
 TPU_NAME ?= bert-tpu
-ACCELERATOR_TYPE ?= v3-32
+# The slice (v3-128, v4-32, v5litepod-16, ...); empty: CONFIG's topology's (v3:4x4 -> v3-32).
+ACCELERATOR_TYPE ?=
 # tpu-ubuntu2204-base serves v2/v3/v4; v5e wants v2-alpha-tpuv5-lite, v5p v2-alpha-tpuv5.
 RUNTIME_VERSION ?= tpu-ubuntu2204-base
 BUCKET ?= gs://YOUR_BUCKET
@@ -59,8 +60,20 @@ AOT_CONFIGS ?= bert_base_paper.py:phase1 bert_base_paper.py:phase2 \
 	bert_large_v5e.py:phase1 bert_large_v5e.py:phase2
 AOT_ARGS ?=
 
+# Targets that create a slice or launch CONFIG on one. Before they run (DRY_RUN included),
+# experiments.tpu_slice names the slice (ACCELERATOR_TYPE, else the config's topology) and
+# refuses one that CONFIG's mesh and global batch do not fit; make then stops.
+TPU_SLICE_TARGETS = tpu-create tpu-qr-create tpu-pretrain tpu-spot-pretrain
+ifneq ($(filter $(TPU_SLICE_TARGETS),$(MAKECMDGOALS)),)
+TPU_ACCELERATOR_TYPE := $(shell $(PY) -m experiments.tpu_slice --config=$(TPU_CONFIG_ARG) \
+	$(if $(ACCELERATOR_TYPE),--accelerator_type=$(ACCELERATOR_TYPE)))
+ifeq ($(TPU_ACCELERATOR_TYPE),)
+$(error no slice for $(TPU_CONFIG_ARG): see the line above)
+endif
+endif
+
 TPU_FLAGS = --zone=$(ZONE) --project=$(PROJECT)
-TPU_SLICE = --accelerator-type=$(ACCELERATOR_TYPE)
+TPU_SLICE = --accelerator-type=$(TPU_ACCELERATOR_TYPE)
 TPU_QR_SLICE = --node-id=$(TPU_NAME) $(TPU_SLICE) --runtime-version=$(RUNTIME_VERSION)
 TPU_VM = gcloud compute tpus tpu-vm
 TPU_QR = gcloud compute tpus queued-resources

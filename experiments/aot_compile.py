@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from data_pipelines import cli
+from experiments.tpu_slice import accelerator_type, topology_chips, topology_generation
 
 GiB = 1024**3
 
@@ -40,8 +40,6 @@ HBM_BYTES_BY_DEVICE_KIND = {
     "TPU v5": 95 * GiB,
     "TPU v6 lite": 32 * GiB,
 }
-# JAX devices per chip: 2 on v2/v3 (one per TensorCore), 1 elsewhere.
-DEVICES_PER_CHIP = {"v2": 2, "v3": 2}
 # Generations whose chips Cloud TPU VMs run as one megacore device.
 MEGACORE = ("v4", "v5p")
 
@@ -107,44 +105,6 @@ def projected_seconds(
     if not 0 < mfu <= 1:
         raise ValueError(f"mfu must be in (0, 1], got {mfu}")
     return flops_per_step * steps / (peak_flops_per_device * devices * mfu)
-
-
-def topology_generation(topology: str) -> str:
-    """'v3:8x8' -> 'v3'."""
-    generation, sep, shape = topology.partition(":")
-    if not sep or not shape:
-        raise ValueError(f"topology {topology!r} is not of the form 'v3:8x8' or 'v4:2x2x2'")
-    return generation
-
-
-def topology_chips(topology: str) -> int:
-    """'v3:8x8' -> 64 chips."""
-    topology_generation(topology)
-    dims = topology.partition(":")[2].split("x")
-    if not all(d.isdigit() and int(d) > 0 for d in dims):
-        raise ValueError(f"topology {topology!r} has a malformed shape")
-    return math.prod(int(d) for d in dims)
-
-
-def topology_device_count(topology: str) -> int:
-    """JAX devices of a slice as Cloud TPU VMs run it ('v3:8x8' -> 128 cores)."""
-    return topology_chips(topology) * DEVICES_PER_CHIP.get(topology_generation(topology), 1)
-
-
-def topology_hosts(topology: str) -> int:
-    """TPU VM hosts (JAX processes) of a slice: pod slices have 4 chips per host."""
-    return max(1, topology_chips(topology) // 4)
-
-
-def accelerator_type(topology: str) -> str:
-    """The `gcloud --accelerator-type` of a slice: 'v3:8x8' -> 'v3-128', 'v5e:4x4' ->
-    'v5litepod-16'. v2-v5p names count TensorCores (two per chip), v5e/v6e count chips."""
-    generation, chips = topology_generation(topology), topology_chips(topology)
-    if generation == "v5e":
-        return f"v5litepod-{chips}"
-    if generation == "v6e":
-        return f"v6e-{chips}"
-    return f"{generation}-{2 * chips}"
 
 
 def slice_devices(topology: str) -> list:

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from experiments import aot_compile
+from experiments import aot_compile, tpu_slice
 from experiments.aot_compile import GiB, MemoryUse
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,31 +53,6 @@ def test_projected_time():
     for bad in (0.0, -0.1, 1.5):
         with pytest.raises(ValueError, match="mfu"):
             aot_compile.projected_seconds(1e18, 1000, 1e12, 100, bad)
-
-
-@pytest.mark.parametrize(
-    "topology, chips, hosts, devices, accelerator",
-    [
-        ("v3:4x4", 16, 4, 32, "v3-32"),  # BERT-Base in the paper: 4 Cloud TPUs, 16 chips
-        ("v3:8x8", 64, 16, 128, "v3-128"),  # BERT-Large: 16 Cloud TPUs, 64 chips
-        ("v3:32x32", 1024, 256, 2048, "v3-2048"),  # a full v3 pod
-        ("v4:2x2x1", 4, 1, 4, "v4-8"),  # megacore: one device per chip
-        ("v4:2x2x4", 16, 4, 16, "v4-32"),
-        ("v5e:4x4", 16, 4, 16, "v5litepod-16"),
-        ("v5e:16x16", 256, 64, 256, "v5litepod-256"),
-    ],
-)
-def test_topology_names(topology, chips, hosts, devices, accelerator):
-    assert aot_compile.topology_chips(topology) == chips
-    assert aot_compile.topology_hosts(topology) == hosts
-    assert aot_compile.topology_device_count(topology) == devices
-    assert aot_compile.accelerator_type(topology) == accelerator
-
-
-@pytest.mark.parametrize("bad", ["v3", "v3:", "v3:8xx8", "8x8"])
-def test_malformed_topology_is_named(bad):
-    with pytest.raises(ValueError, match="topology"):
-        aot_compile.topology_chips(bad)
 
 
 def test_steps_to_train_counts_only_this_phase():
@@ -186,8 +161,8 @@ def test_slice_device_counts_agree_with_libtpu():
     }
     for topology, value in found.items():
         devices, hosts = map(int, value.split()[:2])
-        assert devices == aot_compile.topology_device_count(topology)
-        assert hosts == aot_compile.topology_hosts(topology)
+        assert devices == tpu_slice.topology_device_count(topology)
+        assert hosts == tpu_slice.topology_hosts(topology)
 
 
 @needs_libtpu

@@ -24,7 +24,7 @@ from ml_collections import config_flags
 
 from bert_jax import optim, sharding, train
 from bert_jax.heads import BertForPreTraining
-from experiments import aot_compile
+from experiments import tpu_slice
 from experiments.configs import cloud_tpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,7 +75,7 @@ def load(name: str, variant: str | None = None):
 
 def mesh_of(config) -> dict[str, int]:
     """The config's mesh axis sizes on its TPU slice."""
-    devices = aot_compile.topology_device_count(config.topology)
+    devices = tpu_slice.topology_device_count(config.topology)
     shape = sharding.resolve_mesh_shape(config.mesh_shape, devices)
     return dict(zip(sharding.MESH_AXES, shape, strict=True))
 
@@ -184,10 +184,10 @@ def test_paper_slices():
     _, base = load("bert_base_paper.py")
     _, large = load("bert_large_paper.py")
     _, lamb = load("bert_large_lamb.py")
-    assert base.topology == "v3:4x4" and aot_compile.topology_chips(base.topology) == 16
-    assert aot_compile.topology_hosts(base.topology) == 4
-    assert large.topology == "v3:8x8" and aot_compile.topology_chips(large.topology) == 64
-    assert aot_compile.topology_hosts(large.topology) == 16
+    assert base.topology == "v3:4x4" and tpu_slice.topology_chips(base.topology) == 16
+    assert tpu_slice.topology_hosts(base.topology) == 4
+    assert large.topology == "v3:8x8" and tpu_slice.topology_chips(large.topology) == 64
+    assert tpu_slice.topology_hosts(large.topology) == 16
     assert lamb.topology == "v3:32x32"
 
 
@@ -195,10 +195,10 @@ def test_paper_slices():
 def test_mesh_and_batch_fit_the_slice(name, variant):
     _, config = load(name, variant)
     mesh = mesh_of(config)
-    assert math.prod(mesh.values()) == aot_compile.topology_device_count(config.topology)
+    assert math.prod(mesh.values()) == tpu_slice.topology_device_count(config.topology)
     # Examples split over data x fsdp; each host feeds an equal share.
     assert config.global_batch_size % (mesh["data"] * mesh["fsdp"]) == 0
-    assert config.global_batch_size % aot_compile.topology_hosts(config.topology) == 0
+    assert config.global_batch_size % tpu_slice.topology_hosts(config.topology) == 0
 
 
 @functools.cache
@@ -245,7 +245,7 @@ def test_docstring_holds_the_launch_command(name):
     module, config = load(name, PRETRAINING[name][0])
     assert f"--config=experiments/configs/{name}" in module.__doc__
     if name in TPU_CONFIGS:
-        assert f"ACCELERATOR_TYPE={aot_compile.accelerator_type(config.topology)}" in module.__doc__
+        assert f"ACCELERATOR_TYPE={tpu_slice.accelerator_type(config.topology)}" in module.__doc__
 
 
 def _parse_config_flags(argv: list[str]):

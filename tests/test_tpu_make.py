@@ -86,6 +86,63 @@ def test_queued_resource_commands():
     )
 
 
+def test_the_slice_comes_from_the_config_unless_given():
+    paper = "experiments/configs/bert_large_paper.py"  # topology v3:8x8
+    [create] = dry("tpu-create", CONFIG=paper)
+    assert create == argv(
+        f"gcloud compute tpus tpu-vm create bert-x {FLAGS} --accelerator-type=v3-128 "
+        "--version=tpu-ubuntu2204-base"
+    )
+    [create] = dry("tpu-qr-create", CONFIG="experiments/configs/bert_large_v5e.py")
+    assert "--accelerator-type=v5litepod-16" in create
+    [create] = dry("tpu-create", CONFIG=paper, ACCELERATOR_TYPE="v3-256")  # fits: given wins
+    assert "--accelerator-type=v3-256" in create
+
+
+REFUSALS = [
+    # 512 cores for a global batch of 256.
+    (
+        dict(CONFIG="experiments/configs/bert_large_paper.py", ACCELERATOR_TYPE="v3-512"),
+        "refused: experiments/configs/bert_large_paper.py:phase1 does not fit v3-512 (512 "
+        "devices on 64 hosts): mesh_shape (-1, 1, 1) -> data 512 x fsdp 1 x tensor 1: "
+        "global_batch_size 256 does not divide over data x fsdp",
+    ),
+    # An 8-way FSDP axis on 4 devices.
+    (
+        dict(
+            CONFIG="experiments/configs/bert_large_lamb.py", PHASE="phase2", ACCELERATOR_TYPE="v4-8"
+        ),
+        "refused: experiments/configs/bert_large_lamb.py:phase2 does not fit v4-8 (4 devices "
+        "on 1 host): mesh_shape (-1, 8, 1): 4 devices do not divide by 8",
+    ),
+    # No topology and no ACCELERATOR_TYPE.
+    (
+        dict(CONFIG="experiments/configs/bert_base.py"),
+        "refused: experiments/configs/bert_base.py:phase1 has no topology: give the slice "
+        "(ACCELERATOR_TYPE=...)",
+    ),
+]
+
+
+@pytest.mark.parametrize("variables, refusal", REFUSALS)
+def test_a_slice_the_config_does_not_fit_is_refused(variables, refusal):
+    result = make("tpu-create", DRY_RUN="1", **variables)
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.splitlines()[0] == refusal, result.stderr
+
+
+def test_a_refused_slice_runs_nothing(tmp_path):
+    log = _fake_gcloud(tmp_path, states=["ACTIVE"], runs=[0])
+    variables, refusal = REFUSALS[0]
+    runs = [(t, "1") for t in ("tpu-qr-create", "tpu-pretrain", "tpu-spot-pretrain")]
+    runs += [("tpu-create", ""), ("tpu-spot-pretrain", "")]  # for real: still nothing runs
+    for target, dry_run in runs:
+        result = make(target, env=_env(tmp_path), DRY_RUN=dry_run, **variables)
+        assert result.returncode != 0 and result.stdout == "", (target, result.stdout)
+        assert result.stderr.splitlines()[0] == refusal, (target, result.stderr)
+    assert not os.path.exists(log)
+
+
 def _ssh(command: list[str], worker: str) -> str:
     """Checks an ssh command's flags; returns the remote command."""
     assert command[:9] == argv(f"gcloud compute tpus tpu-vm ssh bert-x {FLAGS} --worker={worker}")

@@ -35,7 +35,7 @@ def on_cloud_tpu(
     `config_name` is the config file's stem (the run name tpu.mk uses); `topology` the
     slice the config is sized for, as `jax.experimental.topologies` names it.
     """
-    config.topology = topology  # the slice this config is sized for (the fit check's default)
+    config.topology = topology  # the slice it is sized for (aot-check's, tpu.mk's default)
     config.bucket = DEFAULT_BUCKET  # gs:// root of data and runs (tpu.mk passes BUCKET)
     bucket = config.get_ref("bucket")
     config.data_dir = bucket + f"/{DATA_SUBDIR}"
