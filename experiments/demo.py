@@ -13,12 +13,14 @@ continues where it stopped):
   2. vocab     data_pipelines.build_vocab: 8,000 uncased WordPieces from the training reviews
   3. records   data_pipelines.create_pretraining_data: static masking, sequences of
                --max_seq_length pieces (64: the polarity sentences need no more)
-  4. pretrain  experiments.pretrain with experiments/configs/bert_tiny_cpu.py (L2/H128/A2)
+  4. pretrain  experiments.pretrain with experiments/configs/bert_tiny_cpu.py (L2/H128/A2),
+               AdamW with Adam's bias correction (--pretrain_optimizer)
   5. finetune  experiments.finetune_classification on sentence polarity
                (experiments/configs/finetune_tiny_polarity.py), for every label budget and
                fine-tuning seed: once from the pretrained weights, once from random weights
                in the same architecture with the same vocab ("scratch"); a budget's labelled
-               sentences are a random subset drawn with the fine-tuning seed
+               sentences are a random subset drawn with the fine-tuning seed; the classifier
+               reads the mean of the last layer (--pooling)
   6. report    <workdir>/results.md (the table printed at the end), results.json and
                curves.png (test accuracy against label budget; pretraining loss and held-out
                MLM accuracy)
