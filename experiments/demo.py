@@ -261,6 +261,9 @@ def finetune_all(pretrain_dir: str, vocab: str, workdir: str) -> list[dict]:
             config.seed, config.from_scratch = seed, arm == "scratch"
             config.max_train_examples = None if labels == num_train else labels
             config.num_epochs = finetune_epochs(labels, config.train_batch_size)
+            # Only test accuracy is reported: dev is scored once, at the end (250 labels
+            # train 43 epochs, and scoring dev after each took half the run).
+            config.eval_every_epochs = config.num_epochs
             metrics = finetune_classification.finetune(config, out, show_progress=False)
         results[labels, arm, seed] = metrics["test"]["test"]["accuracy"]
     logging.set_verbosity(logging.INFO)

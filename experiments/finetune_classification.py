@@ -266,7 +266,8 @@ def finetune(
                     log_file.flush()
                     progress.set_postfix(loss=f"{window:.4f}")
             epoch_result = {"epoch": epoch, "train_loss": float(np.mean(jax.device_get(losses)))}
-            for split in task.eval_splits:
+            scored = epoch % config.eval_every_epochs == 0 or epoch == config.num_epochs
+            for split in task.eval_splits if scored else ():
                 logits = predict(predict_fn, state.params, features[split],
                                  config.eval_batch_size, mesh, f"eval {split}",
                                  show_progress)  # fmt: skip

@@ -182,12 +182,15 @@ def test_finetune_end_to_end_on_glue_sst2_fixture(checkpoints, tmp_path):
     config.update(
         data_dir=str(GLUE_DIR / "SST-2"), init_from=str(checkpoints["orbax"]), max_seq_length=32,
         train_batch_size=8, eval_batch_size=8, num_epochs=2, learning_rate=1e-3, log_every=1,
+        eval_every_epochs=5,
     )  # fmt: skip
     results = ftc.finetune(config, str(tmp_path))
 
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["num_examples"] == {"train": 16, "dev": 8, "test": 8}
     assert [e["epoch"] for e in saved["epochs"]] == [1, 2]
+    # Dev is scored every 5th epoch and after the last one.
+    assert "dev" not in saved["epochs"][0]
     assert 0.0 <= saved["epochs"][-1]["dev"]["accuracy"] <= 1.0
     assert saved["num_train_steps"] == 4 and "test" not in saved  # SST-2 test is unlabeled
     assert results["epochs"] == saved["epochs"]

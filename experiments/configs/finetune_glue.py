@@ -40,6 +40,7 @@ def get_config(task: str = "mrpc") -> ml_collections.ConfigDict:
     config.train_batch_size = 32  # global
     config.eval_batch_size = 64  # global
     config.num_epochs = 3
+    config.eval_every_epochs = 1  # dev scores after every N-th epoch (and the last)
     config.learning_rate = LEARNING_RATES.get(task, 2e-5)  # peak, after warmup
     config.warmup_proportion = 0.1  # of all train steps, linear from 0
     config.weight_decay = 0.01  # not on LayerNorm and biases
