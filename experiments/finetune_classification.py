@@ -242,6 +242,7 @@ def finetune(
                  num_steps, config.train_batch_size, bert_config)  # fmt: skip
     rng = jax.random.key(config.seed)
     log_path = os.path.join(workdir, "train_log.jsonl")
+    final_logits = {}  # split -> logits of the final model, kept from the last epoch's scoring
     with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
         for epoch in range(1, config.num_epochs + 1):
             batches = common.train_batches(
@@ -272,14 +273,18 @@ def finetune(
                                  config.eval_batch_size, mesh, f"eval {split}",
                                  show_progress)  # fmt: skip
                 epoch_result[split], _ = score(task, features[split].labels, logits)
+                final_logits[split] = logits  # the last epoch's are the final model's
             logging.info("epoch %d: %s", epoch, epoch_result)
             results["epochs"].append(epoch_result)
             common.write_json(os.path.join(workdir, "metrics.json"), results)
 
         for split in (*task.eval_splits, *task.test_splits):
             examples, split_features = task.splits[split], features[split]
-            logits = predict(predict_fn, state.params, split_features, config.eval_batch_size,
-                             mesh, f"predict {split}", show_progress)  # fmt: skip
+            logits = final_logits.get(split)
+            if logits is None:
+                logits = predict(predict_fn, state.params, split_features,
+                                 config.eval_batch_size, mesh, f"predict {split}",
+                                 show_progress)  # fmt: skip
             if split_features.labels is not None:
                 metrics, predictions = score(task, split_features.labels, logits)
                 if split in task.test_splits:
