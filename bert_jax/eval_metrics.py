@@ -54,19 +54,6 @@ def spearman(labels: Sequence[float], predictions: Sequence[float]) -> float:
     return float(spearmanr(labels, predictions)[0])
 
 
-# Each GLUE task's official metrics (the first is the task's headline score).
-GLUE_METRICS = {
-    "cola": ("matthews_corrcoef",),
-    "sst2": ("accuracy",),
-    "mrpc": ("f1", "accuracy"),
-    "stsb": ("pearson", "spearman"),
-    "qqp": ("accuracy", "f1"),
-    "mnli": ("accuracy",),
-    "qnli": ("accuracy",),
-    "rte": ("accuracy",),
-    "wnli": ("accuracy",),
-}
-
 _METRIC_FNS = {
     "accuracy": accuracy,
     "f1": binary_f1,
@@ -79,7 +66,7 @@ _METRIC_FNS = {
 def classification_metrics(
     names: Sequence[str], labels: Sequence, predictions: Sequence
 ) -> dict[str, float]:
-    """{name: value} for metric `names` from `_METRIC_FNS` (e.g. a GLUE_METRICS entry)."""
+    """{name: value} for metric `names` from `_METRIC_FNS` (e.g. a `glue.METRICS` entry)."""
     if len(labels) != len(predictions):
         raise ValueError(f"{len(labels)} labels but {len(predictions)} predictions")
     unknown = [n for n in names if n not in _METRIC_FNS]

@@ -37,7 +37,6 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from benchmarks import bench_distill
 from bert_jax import distill, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
@@ -47,6 +46,7 @@ from data_pipelines.tasks.classification_features import encode_sentences
 from data_pipelines.tasks.sentence_tasks import load_sentence_task
 from data_pipelines.tokenization import load_tokenizer
 from experiments import finetune_classification as ftc
+from experiments import inference_speed
 
 INPUT_KEYS = distill.INPUT_KEYS
 
@@ -287,7 +287,7 @@ def distill_classifier(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
     if config.benchmark:
         student_dir = os.path.join(workdir, "student", "checkpoint")
-        results["inference"] = bench_distill.compare(
+        results["inference"] = inference_speed.compare(
             path, student_dir, batch_size=config.bench_batch_size,
             seq_length=config.max_seq_length, repeats=config.bench_repeats,
         )  # fmt: skip

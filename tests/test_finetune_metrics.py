@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax import eval_metrics
+from data_pipelines.tasks import glue
 
 
 def test_accuracy_f1_and_matthews_on_a_hand_worked_case():
@@ -37,7 +38,7 @@ def test_pearson_and_spearman():
 
 def test_classification_metrics_by_glue_task():
     out = eval_metrics.classification_metrics(
-        eval_metrics.GLUE_METRICS["mrpc"], [1, 1, 0, 0, 1], [1, 0, 0, 1, 1]
+        glue.METRICS["mrpc"], [1, 1, 0, 0, 1], [1, 0, 0, 1, 1]
     )
     assert out == pytest.approx({"f1": 2 / 3, "accuracy": 3 / 5})
     with pytest.raises(ValueError, match="3 labels but 2 predictions"):

@@ -122,6 +122,21 @@ TASKS: dict[str, GlueTask] = {
 }  # fmt: skip
 
 
+# Each task's official metrics, by `bert_jax.eval_metrics` name (the first is the task's
+# headline score).
+METRICS = {
+    "cola": ("matthews_corrcoef",),
+    "sst2": ("accuracy",),
+    "mrpc": ("f1", "accuracy"),
+    "stsb": ("pearson", "spearman"),
+    "qqp": ("accuracy", "f1"),
+    "mnli": ("accuracy",),
+    "qnli": ("accuracy",),
+    "rte": ("accuracy",),
+    "wnli": ("accuracy",),
+}
+
+
 def get_task(name: str) -> GlueTask:
     key = name.lower().replace("-", "")
     if key not in TASKS:

@@ -55,8 +55,6 @@ def load_sentence_task(
         labels = chinese_sentiment.LABELS
         return SentenceTask(name, labels, ("accuracy",), splits, ("dev",), ("test",))
     if name.startswith("glue/"):
-        from bert_jax.eval_metrics import GLUE_METRICS
-
         task = glue.get_task(name.removeprefix("glue/"))
         if source == "tsv" and not data_dir:
             raise ValueError(f"{name}: give data_dir, the task's directory of GLUE TSV files")
@@ -72,7 +70,7 @@ def load_sentence_task(
         eval_splits = tuple(s for s in splits if s.startswith("dev"))
         test_splits = tuple(s for s in splits if s.startswith("test"))
         return SentenceTask(
-            name, task.labels, GLUE_METRICS[task.name], splits, eval_splits, test_splits,
+            name, task.labels, glue.METRICS[task.name], splits, eval_splits, test_splits,
             {s: task.submission[s] for s in test_splits}, task,
         )  # fmt: skip
     raise ValueError(
