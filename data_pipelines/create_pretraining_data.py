@@ -3,7 +3,7 @@ r"""Raw text to BERT pretraining TFRecords: the original tool's flags, streamed 
 Accepts the flags of google-research/bert's `create_pretraining_data.py` and writes the
 same records (`input_ids input_mask segment_ids masked_lm_positions masked_lm_ids
 masked_lm_weights next_sentence_labels`), with the same instance algorithm
-(`data_pipelines.instances`) and the same masking rules (`data_pipelines.masking`).
+(`data_pipelines.instances`) and the same masking rules (`data_pipelines.masking_rules`).
 
 Differences from the original, for corpora that do not fit in memory and for speed:
 
@@ -20,7 +20,7 @@ Differences from the original, for corpora that do not fit in memory and for spe
   fly in the input pipeline; `--masking=static` (default) writes masked records like the
   original, `--dupe_factor` differently masked passes.
 * Nothing here imports TensorFlow (unless an input or output is a URL or a TFDS dataset):
-  static masks come from `numpy_masking` (the masking rules in numpy, on every path) and
+  static masks come from `numpy_masking` (the masking rules, numpy's draws, on every path) and
   records are framed by `tfrecord_files`, so neither the main process nor a worker pays
   TensorFlow's import (several CPU seconds each).
 

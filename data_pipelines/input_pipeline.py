@@ -122,14 +122,14 @@ def initial_position() -> dict[str, int]:
 def _seed_int64(seed: tf.Tensor) -> tf.Tensor:
     """A scalar int64 (for `Dataset.shuffle`) drawn from a stateless seed."""
     return tf.random.stateless_uniform(
-        [], seed, minval=None, maxval=None, dtype=tf.int64, alg=masking._ALG
+        [], seed, minval=None, maxval=None, dtype=tf.int64, alg=masking.RNG_ALG
     )
 
 
 def _records_of_epoch(spec: PipelineSpec, epoch: tf.Tensor) -> tf.data.Dataset:
     """This host's serialised records of one epoch, shuffled, as (record,) elements."""
     order_seed = masking.example_seed(spec.seed, _FILE_ORDER_SALT, epoch, spec.process_index)
-    scores = tf.random.stateless_uniform([len(spec.files)], order_seed, alg=masking._ALG)
+    scores = tf.random.stateless_uniform([len(spec.files)], order_seed, alg=masking.RNG_ALG)
     order = tf.argsort(scores, stable=True)
     files = tf.gather(tf.constant(spec.files, tf.string), order)
     records = tf.data.Dataset.from_tensor_slices(files).interleave(

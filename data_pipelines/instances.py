@@ -15,10 +15,10 @@ and truncations:
 * `truncate_seq_pair` shortens the longer side one token at a time, from the front or
   the back at random.
 
-Masking is not done here: it is vectorised (`data_pipelines.masking` in TensorFlow for dynamic
-masking, `numpy_masking` under the same rules for static records), so the `random.Random`
-stream differs from the original's (which interleaves mask draws) and the masks differ,
-while their distribution is the same.
+Masking is not done here: it is vectorised (the rules of `data_pipelines.masking_rules`, with
+draws from TensorFlow in `masking` for dynamic masking and from numpy in `numpy_masking` for
+static records), so the `random.Random` stream differs from the original's (which
+interleaves mask draws) and the masks differ, while their distribution is the same.
 
 Two deliberate differences, both for streaming in bounded memory:
 

@@ -1,31 +1,15 @@
-"""Masked-LM example creation as vectorised, stateless TensorFlow ops.
+"""Dynamic masking: BERT's masking rules (`masking_rules`) inside tf.data.
 
-The semantics are those of `create_masked_lm_predictions` in google-research/bert:
+`mask_features` masks the unmasked records that `create_pretraining_data --masking=dynamic`
+writes, anew for every epoch, as a `tf.data` `map`. The random draws come only from
+`tf.random.stateless_*` ops with the Philox algorithm (`RNG_ALG`), so one seed gives the
+same masks on every machine and in every run: `random_draws` makes all of them for a batch
+(a 64-bit score per unit, an 80/10/10 action and a replacement id per token), and
+`masking_rules` decides, through `tf.numpy_function`, which tokens are predicted and what
+they become.
 
-* the number of predictions is `min(max_predictions_per_seq, max(1, round(n * prob)))`,
-  where `n` counts every real token including `[CLS]`/`[SEP]` and `round` is Python's
-  (half to even);
-* candidates are the real tokens that are not special (`[CLS]`, `[SEP]`, padding);
-* candidate *units* (single tokens, or whole words with `whole_word=True`) are visited in a
-  uniformly random order and taken greedily; a unit that would overshoot the number of
-  predictions is skipped and the next one is tried;
-* every chosen token becomes `[MASK]` with probability 0.8, a token drawn uniformly from
-  the whole vocabulary with probability 0.1, and stays unchanged with probability 0.1;
-* the predictions are listed by ascending position and zero-padded (weight 0.0) to
-  `max_predictions_per_seq`.
-
-Randomness comes only from `tf.random.stateless_*` ops with the Philox algorithm, so one
-seed gives the same masks on every machine and in every run. The random order of units is
-an argsort of independent 64-bit uniform scores, which makes every order equally likely
-(ties have probability ~T^2 / 2^64).
-
-One deliberate difference: the original attaches a `##` piece to the previous word even
-across a `[SEP]` (a segment B that truncation made start mid-word). Here a unit never
-spans a special token: such a piece starts its own unit.
-
-Static records (`create_pretraining_data`, which does not import TensorFlow) are masked by
-`data_pipelines.numpy_masking` under the same rules, drawing from numpy's generator: same
-distribution, different draws. A change to the rules here must be made there too.
+Static records are masked by `data_pipelines.numpy_masking` under the same rules, drawing
+from numpy's generator: same distribution, different draws.
 """
 
 from __future__ import annotations
@@ -37,13 +21,15 @@ from typing import Any
 
 import tensorflow as tf
 
-# Philox is counter-based and implemented identically on every device; "auto_select" may
-# pick a different generator on a GPU, so it is never used here.
-_ALG = "philox"
+from data_pipelines import masking_rules
 
-# The 80/10/10 split: [MASK] below 0.8, a random token in [0.8, 0.9), unchanged above.
-_MASK_BELOW = 0.8
-_RANDOM_BELOW = 0.9
+# The stateless generator of the input pipeline (masks, file order, shuffling). Philox is
+# counter-based and implemented identically on every device; "auto_select" may pick a
+# different generator on a GPU, so it is never used here.
+RNG_ALG = "philox"
+
+# The keys of `mask_batch`'s result, in the order `tf.numpy_function` returns them.
+_MASKED_KEYS = ("input_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,15 +59,8 @@ def example_seed(seed: Any, *indices: Any) -> tf.Tensor:
     """Derives a stateless seed for e.g. (epoch, file, record) by folding in each index."""
     seed = as_seed(seed)
     for index in indices:
-        seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(index, tf.int32), alg=_ALG)
+        seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(index, tf.int32), alg=RNG_ALG)
     return seed
-
-
-def _num_to_predict(num_tokens: tf.Tensor, masked_lm_prob: float, limit: int) -> tf.Tensor:
-    # float64 multiplication and half-to-even rounding reproduce Python's
-    # `int(round(len(tokens) * masked_lm_prob))` exactly.
-    expected = tf.round(tf.cast(num_tokens, tf.float64) * tf.constant(masked_lm_prob, tf.float64))
-    return tf.minimum(limit, tf.maximum(1, tf.cast(expected, tf.int32)))
 
 
 def random_draws(
@@ -96,54 +75,22 @@ def random_draws(
         [0, vocab_size).
     """
     order_seed, action_seed, token_seed = tf.unstack(
-        tf.random.experimental.stateless_split(seed, 3, alg=_ALG)
+        tf.random.experimental.stateless_split(seed, 3, alg=RNG_ALG)
     )
     shape = tf.stack([batch, length])
     scores = tf.random.stateless_uniform(
-        shape, order_seed, minval=None, maxval=None, dtype=tf.int64, alg=_ALG
+        shape, order_seed, minval=None, maxval=None, dtype=tf.int64, alg=RNG_ALG
     )
-    action = tf.random.stateless_uniform(shape, action_seed, alg=_ALG)
+    action = tf.random.stateless_uniform(shape, action_seed, alg=RNG_ALG)
     random_ids = tf.random.stateless_uniform(
-        shape, token_seed, minval=0, maxval=vocab_size, dtype=tf.int32, alg=_ALG
+        shape, token_seed, minval=0, maxval=vocab_size, dtype=tf.int32, alg=RNG_ALG
     )
     return scores, action, random_ids
 
 
-def _greedy_take(sizes: tf.Tensor, num_units: tf.Tensor, budget: tf.Tensor) -> tf.Tensor:
-    """Which units (in visiting order) fit, taking each unit that does not overshoot.
-
-    Args:
-        sizes: (B, U) int32 unit sizes in visiting order.
-        num_units: (B,) valid units per row; the rest of `sizes` is ignored.
-        budget: (B,) the number of predictions per row.
-
-    Returns:
-        (B, U) bool, True for taken units.
-    """
-    batch, max_units = tf.shape(sizes)[0], tf.shape(sizes)[1]
-    sizes_by_rank = tf.transpose(sizes)  # (U, B)
-
-    def keep_going(rank, count, _):
-        # Stop once every row is full or has no unit left: usually after ~budget steps.
-        return (rank < max_units) & tf.reduce_any((count < budget) & (rank < num_units))
-
-    def step(rank, count, taken):
-        size = sizes_by_rank[rank]
-        take = (rank < num_units) & (count + size <= budget)  # (B,)
-        count += tf.where(take, size, 0)
-        return rank + 1, count, taken.write(rank, take)
-
-    taken = tf.TensorArray(tf.bool, size=0, dynamic_size=True, element_shape=[None])
-    steps, _, taken = tf.while_loop(
-        keep_going, step, (tf.constant(0), tf.zeros([batch], tf.int32), taken)
-    )
-    taken = tf.reshape(taken.stack(), [steps, batch])  # (R, B), R <= U
-    return tf.pad(tf.transpose(taken), [[0, 0], [0, max_units - steps]])  # (B, U)
-
-
 def _mask_batch(
     input_ids: tf.Tensor,
-    word_starts: tf.Tensor | None,
+    word_starts: tf.Tensor,
     special: tf.Tensor,
     real: tf.Tensor,
     seed: tf.Tensor,
@@ -156,71 +103,34 @@ def _mask_batch(
 ) -> dict[str, tf.Tensor]:
     batch, length = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
     scores, action, random_ids = random_draws(seed, batch, length, vocab_size)
-    candidate = real & ~special  # (B, T)
-    budget = _num_to_predict(
-        tf.reduce_sum(tf.cast(real, tf.int32), 1), masked_lm_prob, max_predictions_per_seq
-    )  # (B,)
 
-    # Units: every candidate token, or with whole_word a word start plus its continuation
-    # pieces. A piece right after a non-candidate (special token) starts a unit of its own.
-    if whole_word:
-        previous_candidate = tf.pad(candidate[:, :-1], [[0, 0], [1, 0]])
-        unit_start = candidate & (tf.cast(word_starts, tf.bool) | ~previous_candidate)
-    else:
-        unit_start = candidate
-    unit_of_token = tf.cumsum(tf.cast(unit_start, tf.int32), axis=1) - 1  # (B, T)
-    unit_of_token = tf.maximum(unit_of_token, 0)
-    num_units = tf.reduce_sum(tf.cast(unit_start, tf.int32), 1)  # (B,)
-    row_offset = tf.range(batch)[:, None] * length
-    unit_sizes = tf.math.unsorted_segment_sum(
-        tf.reshape(tf.cast(candidate, tf.int32), [-1]),
-        tf.reshape(unit_of_token + row_offset, [-1]),
-        batch * length,
+    def apply_rules(input_ids, word_starts, special, real, scores, action, random_ids):
+        masked = masking_rules.mask(
+            input_ids,
+            real,
+            special,
+            word_starts,
+            scores,
+            # The chosen tokens' draws, row-major as the rules expect.
+            lambda chosen: (action[chosen], random_ids[chosen]),
+            mask_id=mask_id,
+            max_predictions_per_seq=max_predictions_per_seq,
+            masked_lm_prob=masked_lm_prob,
+            whole_word=whole_word,
+        )
+        return [masked[key] for key in _MASKED_KEYS]
+
+    outputs = tf.numpy_function(
+        apply_rules,
+        [input_ids, word_starts, special, real, scores, action, random_ids],
+        [input_ids.dtype, input_ids.dtype, input_ids.dtype, tf.float32],
+        stateful=False,  # a function of its inputs: the randomness is in the draws
     )
-    unit_sizes = tf.reshape(unit_sizes, [batch, length])  # (B, U=T), 0 past num_units
-
-    # A uniformly random visiting order of the valid units: sort independent 64-bit scores;
-    # invalid units get the lowest score, so they come last in a descending sort.
-    unit_ids = tf.range(length)[None, :]
-    scores = tf.where(unit_ids < num_units[:, None], scores, tf.int64.min)
-    order = tf.argsort(scores, axis=1, direction="DESCENDING", stable=True)  # (B, U)
-    if whole_word:
-        taken_in_order = _greedy_take(tf.gather(unit_sizes, order, batch_dims=1), num_units, budget)
-    else:
-        # Single-token units always fit until the budget is spent.
-        taken_in_order = unit_ids < tf.minimum(budget, num_units)[:, None]
-    rank_of_unit = tf.argsort(order, axis=1, stable=True)  # the inverse permutation
-    unit_taken = tf.gather(taken_in_order, rank_of_unit, batch_dims=1)  # (B, U)
-    chosen = candidate & tf.gather(unit_taken, unit_of_token, batch_dims=1)  # (B, T)
-
-    # 80% [MASK], 10% a uniformly random vocabulary id, 10% unchanged; decided per token.
-    masked_ids = tf.where(
-        action < _MASK_BELOW,
-        tf.cast(mask_id, input_ids.dtype),
-        tf.where(action < _RANDOM_BELOW, tf.cast(random_ids, input_ids.dtype), input_ids),
-    )
-    masked_ids = tf.where(chosen, masked_ids, input_ids)
-
-    # Chosen positions in ascending order, then the rest (keys >= T) as padding.
-    positions = tf.range(length)[None, :]
-    keys = tf.sort(tf.where(chosen, positions, length + positions), axis=1)
-    keys = tf.pad(
-        keys,
-        [[0, 0], [0, tf.maximum(max_predictions_per_seq - length, 0)]],
-        constant_values=2 * length,
-    )[:, :max_predictions_per_seq]  # (B, P)
-    is_prediction = keys < length
-    masked_positions = tf.where(is_prediction, keys, 0)
-    labels = tf.where(is_prediction, tf.gather(input_ids, masked_positions, batch_dims=1), 0)
-    return {
-        "input_ids": masked_ids,
-        "masked_lm_positions": tf.cast(masked_positions, input_ids.dtype),
-        "masked_lm_ids": labels,
-        "masked_lm_weights": tf.cast(is_prediction, tf.float32),
-    }
-
-
-_mask_batch_compiled = tf.function(_mask_batch, reduce_retracing=True)
+    masked = dict(zip(_MASKED_KEYS, outputs, strict=True))
+    masked["input_ids"].set_shape(input_ids.shape)  # (B, T)
+    for key in _MASKED_KEYS[1:]:
+        masked[key].set_shape([input_ids.shape[0], max_predictions_per_seq])  # (B, P)
+    return masked
 
 
 def mask_batch(
@@ -239,8 +149,8 @@ def mask_batch(
 ) -> dict[str, tf.Tensor]:
     """Chooses and applies masked-LM predictions on a padded batch.
 
-    Works eagerly (compiled with `tf.function` once per set of keyword arguments) and
-    inside `tf.data` `map` functions. A single unbatched sequence (rank 1) is accepted too.
+    Works eagerly and inside `tf.data` `map` functions. A single unbatched sequence (rank 1)
+    is accepted too.
 
     Args:
         input_ids: (B, T) integer ids, zero-padded after each sequence.
@@ -267,13 +177,13 @@ def mask_batch(
     """
     if (input_mask is None) == (lengths is None):
         raise ValueError("mask_batch needs exactly one of input_mask or lengths")
-    if whole_word and word_starts is None:
-        raise ValueError("mask_batch(whole_word=True) needs word_starts")
-    if max_predictions_per_seq < 1 or not 0.0 < masked_lm_prob <= 1.0 or vocab_size < 1:
-        raise ValueError(
-            f"bad masking parameters: max_predictions_per_seq={max_predictions_per_seq}, "
-            f"masked_lm_prob={masked_lm_prob}, vocab_size={vocab_size}"
-        )
+    masking_rules.check_parameters(
+        word_starts,
+        vocab_size=vocab_size,
+        max_predictions_per_seq=max_predictions_per_seq,
+        masked_lm_prob=masked_lm_prob,
+        whole_word=whole_word,
+    )
     input_ids = tf.convert_to_tensor(input_ids)
     if not input_ids.dtype.is_integer:
         raise ValueError(f"input_ids must be integers, got {input_ids.dtype}")
@@ -299,8 +209,7 @@ def mask_batch(
         special = tf.reduce_any(input_ids[:, :, None] == special_ids, axis=-1)
     word_starts = tf.zeros_like(input_ids) if word_starts is None else batched(word_starts)
 
-    impl = _mask_batch_compiled if tf.executing_eagerly() else _mask_batch
-    out = impl(
+    out = _mask_batch(
         input_ids,
         word_starts,
         special,

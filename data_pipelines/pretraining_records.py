@@ -7,7 +7,7 @@ also counts what the masking did, for the stats JSON. Masks are drawn from a gen
 seeded by (seed, chunk, part of the chunk), so they do not depend on which process
 encodes the part.
 
-Static masks come from `numpy_masking.mask_batch` (the masking rules of `masking`, drawn
+Static masks come from `numpy_masking.mask_batch` (the rules of `masking_rules`, drawn
 from numpy's generator) on every path, local or URL, so a seed means one output: writing
 records needs no TensorFlow import, which would cost each worker more than the masking.
 """

@@ -1,4 +1,9 @@
-"""Masked-LM masking: statistics on real text, a Python reference, properties, a golden case."""
+"""Masked-LM masking: statistics on real text, a Python reference, properties, a golden case.
+
+The statistics and the golden case run on both modes (static: `numpy_masking`, dynamic:
+`masking`), which share the rules of `masking_rules`; the Python reference is driven by the
+dynamic mode's draws.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,14 @@ import glob
 import os
 import re
 
+import masking_modes
 import numpy as np
 import pytest
 import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data_pipelines import masking
+from data_pipelines import masking, masking_rules
 from data_pipelines.masking import mask_batch
 
 SITE_PACKAGES = os.path.dirname(os.path.dirname(np.__file__))
@@ -63,7 +69,10 @@ def shakespeare(tokenizer):
         split = int(rng.integers(1, n))
         while not starts[cursor + split]:
             split -= 1
-        split = max(split, 1)
+        if split == 0:  # A would be empty: end it after its first word instead
+            split = 1
+            while not starts[cursor + split]:
+                split += 1
         a, b = ids[cursor : cursor + split], ids[cursor + split : cursor + n]
         sa, sb = starts[cursor : cursor + split], starts[cursor + split : cursor + n]
         rows.append([tokenizer.cls_id, *a, tokenizer.sep_id, *b, tokenizer.sep_id])
@@ -80,19 +89,21 @@ def shakespeare(tokenizer):
     return input_ids, word_starts, input_mask
 
 
-def _mask(tokenizer, data, seed, whole_word):
+def _mask(tokenizer, data, seed, whole_word, mode="dynamic"):
     input_ids, word_starts, input_mask = data
-    out = mask_batch(
-        input_ids,
-        word_starts,
-        [tokenizer.cls_id, tokenizer.sep_id],
-        seed,
+    special_ids = [tokenizer.cls_id, tokenizer.sep_id]
+    kwargs = dict(
         vocab_size=tokenizer.vocab_size,
         mask_id=tokenizer.mask_id,
         max_predictions_per_seq=MAX_PREDICTIONS,
         whole_word=whole_word,
-        input_mask=input_mask,
     )
+    if mode == "static":
+        lengths = input_mask.sum(1)
+        return masking_modes.mask_batch(
+            "static", (seed,), input_ids, word_starts, special_ids, lengths, **kwargs
+        )
+    out = mask_batch(input_ids, word_starts, special_ids, seed, input_mask=input_mask, **kwargs)
     return {k: v.numpy() for k, v in out.items()}
 
 
@@ -140,8 +151,9 @@ def _check_common_invariants(tokenizer, data, out):
     return chosen, counts, stats, replaced[is_random]
 
 
-def test_statistics_single_pieces(tokenizer, shakespeare):
-    out = _mask(tokenizer, shakespeare, 1234, whole_word=False)
+@pytest.mark.parametrize("mode", masking_modes.MODES)
+def test_statistics_single_pieces(tokenizer, shakespeare, mode):
+    out = _mask(tokenizer, shakespeare, 1234, whole_word=False, mode=mode)
     chosen, counts, stats, random_ids = _check_common_invariants(tokenizer, shakespeare, out)
     print("per-piece masking:", stats)
     assert stats["eligible"] >= 100_000
@@ -159,9 +171,10 @@ def test_statistics_single_pieces(tokenizer, shakespeare):
     assert np.abs(deciles - 0.1).max() < 0.035, deciles
 
 
-def test_statistics_whole_words(tokenizer, shakespeare):
+@pytest.mark.parametrize("mode", masking_modes.MODES)
+def test_statistics_whole_words(tokenizer, shakespeare, mode):
     input_ids, word_starts, input_mask = shakespeare
-    out = _mask(tokenizer, shakespeare, 99, whole_word=True)
+    out = _mask(tokenizer, shakespeare, 99, whole_word=True, mode=mode)
     chosen, _, stats, _ = _check_common_invariants(tokenizer, shakespeare, out)
     print("whole-word masking:", stats)
     assert abs(stats["masked_fraction"] - 0.15) <= 0.005
@@ -195,15 +208,11 @@ def test_num_to_predict_matches_python_round():
     lengths = np.arange(0, 2049)
     for prob in (0.15, 0.1, 0.2, 0.25, 0.3, 0.5, 0.05, 0.45):
         for limit in (20, 80, 10_000):
-            got = masking._num_to_predict(tf.constant(lengths), prob, limit).numpy()
+            got = masking_rules.num_to_predict(lengths, prob, limit)
             want = [_expected_budget(int(n), prob, limit) for n in lengths]
             np.testing.assert_array_equal(got, want, err_msg=f"prob={prob}, limit={limit}")
     # The half-way cases that banker's rounding decides: 10 * 0.15 = 1.5 -> 2, 30 -> 4.5 -> 4.
-    assert masking._num_to_predict(tf.constant([10, 30, 50]), 0.15, 99).numpy().tolist() == [
-        2,
-        4,
-        8,
-    ]
+    assert masking_rules.num_to_predict([10, 30, 50], 0.15, 99).tolist() == [2, 4, 8]
 
 
 # ----------------------------------------------------------------------------- reference
@@ -289,23 +298,25 @@ def test_matches_python_reference_and_invariants(row, seed, params, whole_word):
         assert k == min(min(limit, max(1, round(n * prob))), candidates)
 
 
-def test_unit_choice_is_uniform():
+@pytest.mark.parametrize("mode", masking_modes.MODES)
+def test_unit_choice_is_uniform(mode):
     """Every candidate position is chosen with the same probability (no positional bias)."""
     rows, length = 4000, 24
     ids = np.full((rows, length), 7)
     ids[:, 0], ids[:, 11], ids[:, -1] = CLS, SEP, SEP
-    out = mask_batch(
+    out = masking_modes.mask_batch(
+        mode,
+        (5,),
         ids,
         None,
         [CLS, SEP],
-        5,
+        np.full(rows, length),
         vocab_size=VOCAB,
         mask_id=MASK,
         max_predictions_per_seq=5,
         masked_lm_prob=0.15,
-        input_mask=np.ones_like(ids),
     )
-    positions, weights = out["masked_lm_positions"].numpy(), out["masked_lm_weights"].numpy()
+    positions, weights = out["masked_lm_positions"], out["masked_lm_weights"]
     chosen = np.zeros((rows, length))
     np.put_along_axis(chosen, positions, weights, axis=1)
     frequency = chosen.mean(0)
@@ -316,7 +327,8 @@ def test_unit_choice_is_uniform():
     np.testing.assert_allclose(frequency[candidates], budget / len(candidates), atol=0.031)
 
 
-def test_golden_whole_word_example():
+@pytest.mark.parametrize("mode", masking_modes.MODES)
+def test_golden_whole_word_example(mode):
     """A case small enough to enumerate by hand.
 
     [CLS] un ##believ ##able yes [SEP] no [SEP] has 8 tokens; masked_lm_prob 0.375 gives a
@@ -328,20 +340,21 @@ def test_golden_whole_word_example():
     rows = 3000
     ids = np.tile([CLS, 20, 21, 22, 23, SEP, 24, SEP], (rows, 1))
     starts = np.tile([0, 1, 0, 0, 1, 0, 1, 0], (rows, 1))
-    out = mask_batch(
+    out = masking_modes.mask_batch(
+        mode,
+        (2024,),
         ids,
         starts,
         [CLS, SEP],
-        2024,
+        np.full([rows], 8),
         vocab_size=VOCAB,
         mask_id=MASK,
         max_predictions_per_seq=4,
         masked_lm_prob=0.375,
         whole_word=True,
-        lengths=np.full([rows], 8),
     )
-    positions = out["masked_lm_positions"].numpy().tolist()
-    weights = out["masked_lm_weights"].numpy().tolist()
+    positions = out["masked_lm_positions"].tolist()
+    weights = out["masked_lm_weights"].tolist()
     word_first = 0
     for p, w in zip(positions, weights, strict=True):
         if p == [1, 2, 3, 0]:
@@ -351,7 +364,7 @@ def test_golden_whole_word_example():
             assert p == [4, 6, 0, 0] and w == [1, 1, 0, 0], (p, w)
     assert abs(word_first / rows - 1 / 3) < 0.045  # 5 sigma for 3000 rows
     # Labels are the original ids of those positions.
-    labels = out["masked_lm_ids"].numpy()
+    labels = out["masked_lm_ids"]
     assert {tuple(x) for x in labels.tolist()} == {(20, 21, 22, 0), (23, 24, 0, 0)}
 
 

@@ -1,17 +1,19 @@
-"""Static masking in numpy: the masking rules as invariants, its draws' statistics, seeding.
+"""The masking rules as invariants and their draws' statistics, in both modes; static seeding.
 
 The 80/10/10 split and the masked fraction on >= 100k tokens of Shakespeare, worker-count
 independence of the written bytes and whole-word masking on People's Daily are checked end
 to end in tests/test_create_pretraining_data.py; this file checks `mask_batch` row by row
-against the rules, computed independently in plain Python.
+against the rules, computed independently in plain Python, for static masking
+(`numpy_masking`) and dynamic masking (`masking`) alike, and the static mode's streams.
 """
 
 from __future__ import annotations
 
+import masking_modes
 import numpy as np
 import pytest
 
-from data_pipelines import numpy_masking
+from data_pipelines import masking_rules, numpy_masking
 
 CLS, SEP, MASK, VOCAB = 101, 102, 103, 30522
 
@@ -83,8 +85,9 @@ def _check_row(ids, starts, n, out, row, *, prob, predictions, whole_word):
     return k
 
 
+@pytest.mark.parametrize("mode", masking_modes.MODES)
 @pytest.mark.parametrize("whole_word", [False, True])
-def test_mask_batch_follows_the_rules(whole_word):
+def test_mask_batch_follows_the_rules(whole_word, mode):
     rng = np.random.default_rng(7 + whole_word)
     masked_rows = 0
     for trial in range(10):
@@ -92,12 +95,13 @@ def test_mask_batch_follows_the_rules(whole_word):
         predictions = int(rng.integers(1, 30))
         prob = float(rng.choice([0.15, 0.2, 0.5, 1.0]))
         ids, starts, lengths = _random_batch(rng, batch, length)
-        out = numpy_masking.mask_batch(
+        out = masking_modes.mask_batch(
+            mode,
+            (trial, 1, 2),
             ids,
             starts,
             [CLS, SEP],
             lengths,
-            numpy_masking.masking_rng(trial, 1, 2),
             vocab_size=VOCAB,
             mask_id=MASK,
             max_predictions_per_seq=predictions,
@@ -136,16 +140,18 @@ def _uniform_batch(rows: int):
     return ids, np.ones_like(ids), np.full(rows, 64)
 
 
-def test_draws_are_uniform():
+@pytest.mark.parametrize("mode", masking_modes.MODES)
+def test_draws_are_uniform(mode):
     """Every candidate position is equally likely; the split is 80/10/10; ids are uniform."""
     rows, budget = 20_000, 10  # round(64 * 0.15) = 10 of the 61 candidates
     ids, starts, lengths = _uniform_batch(rows)
-    out = numpy_masking.mask_batch(
+    out = masking_modes.mask_batch(
+        mode,
+        (12345, 0, 0),
         ids,
         starts,
         [CLS, SEP],
         lengths,
-        numpy_masking.masking_rng(12345, 0, 0),
         vocab_size=VOCAB,
         mask_id=MASK,
         max_predictions_per_seq=20,
@@ -174,7 +180,8 @@ def test_draws_are_uniform():
     assert np.abs(tenths - 0.1).max() < 0.01
 
 
-def test_whole_words_are_masked_whole_and_uniformly():
+@pytest.mark.parametrize("mode", masking_modes.MODES)
+def test_whole_words_are_masked_whole_and_uniformly(mode):
     """Words of 1, 2 and 3 pieces: each word as likely to start the visit as any other."""
     rows = 20_000
     ids, _, lengths = _uniform_batch(rows)
@@ -183,12 +190,13 @@ def test_whole_words_are_masked_whole_and_uniformly():
     starts = np.zeros(64, np.int32)
     starts[list(range(1, 10)) + list(range(10, 30, 2)) + list(range(31, 63, 3))] = 1
     starts = np.broadcast_to(starts, ids.shape)
-    out = numpy_masking.mask_batch(
+    out = masking_modes.mask_batch(
+        mode,
+        (3, 4, 5),
         ids,
         starts,
         [CLS, SEP],
         lengths,
-        numpy_masking.masking_rng(3, 4, 5),
         vocab_size=VOCAB,
         mask_id=MASK,
         max_predictions_per_seq=20,
@@ -275,4 +283,4 @@ def test_first_in_order_matches_a_stable_sort_with_ties():
         expected = np.zeros((batch, units), bool)
         for row in range(batch):
             expected[row, order[row, : count[row]]] = True
-        np.testing.assert_array_equal(numpy_masking.first_in_order(scores, count), expected)
+        np.testing.assert_array_equal(masking_rules.first_in_order(scores, count), expected)
