@@ -30,6 +30,7 @@ import warnings
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
@@ -191,33 +192,77 @@ def restore(
     return _newest_readable(manager, step, read, set_aside)
 
 
-def restore_params(directory: str, abstract_params, step: int | None = None):
-    """Only the params of a train-state checkpoint in `directory` (for `init_from`).
+def restore_params(directory: str, abstract_params=None, step: int | None = None):
+    """Only the params of a train-state checkpoint, and the experiment config saved with them.
 
     A partial restore: the optimizer state on disk is never read, so a checkpoint made
-    with another optimizer (or none) initialises a new run. Unreadable checkpoints are
-    skipped as in `restore`.
+    with another optimizer (or none) initialises a new run (`init_from`) or is imported
+    (`bert_jax.convert`). `abstract_params` gives the target shapes, dtypes and shardings;
+    None restores numpy arrays as saved (flax's partitioning boxes removed). Unreadable
+    checkpoints are skipped as in `restore`.
+
+    Returns:
+        (params, experiment config as saved: a JSON dict).
     """
     if not tf_io_isdir(directory):
         raise FileNotFoundError(f"{directory} is not a checkpoint directory")
     manager = make_manager(directory, async_save=False, create=False)
-    target = {"params": abstract_params}
 
     def read(step):
         _require_state_metadata(manager, step)
-        restored = ocp.PyTreeCheckpointer().restore(
-            os.path.join(os.fspath(manager.directory), str(step), "state"),
+        state_dir = os.path.join(os.fspath(manager.directory), str(step), "state")
+        checkpointer = ocp.PyTreeCheckpointer()
+        if abstract_params is None:
+            saved = checkpointer.metadata(state_dir).item_metadata.tree
+            if "params" not in saved:
+                raise CheckpointError(f"{state_dir}: the train state has no 'params'")
+            target = {
+                "params": jax.tree.map(
+                    lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved["params"]
+                )
+            }
+            restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+        else:
+            target = {"params": abstract_params}
+            restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+        restored = checkpointer.restore(
+            state_dir,
             args=ocp.args.PyTreeRestore(
-                item=target,
-                restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                partial_restore=True,
+                item=target, restore_args=restore_args, partial_restore=True
             ),
         )
-        data = manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data
-        _verify(restored, data.get("fingerprint"))
-        return restored["params"]
+        items = ocp.args.Composite(data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore())
+        saved_items = manager.restore(step, args=items)
+        _verify(restored, saved_items.data.get("fingerprint"))
+        params = restored["params"]
+        return (params if abstract_params is not None else _unbox(params)), saved_items.config
 
     return _newest_readable(manager, step, read, set_aside=False)
+
+
+def find_checkpoints(path: str) -> tuple[str, int | None] | None:
+    """(checkpoint directory, step) of the train-state checkpoints `path` names, or None.
+
+    `path` may be a step directory (that step), a checkpoint directory or a workdir with
+    `checkpoints/` in it (step None: the newest readable).
+    """
+    path = os.fspath(path)
+    parent, name = os.path.split(path.rstrip("/"))
+    if name.isdigit() and int(name) in _complete_steps(parent):
+        return parent, int(name)
+    for directory in (path, os.path.join(path, "checkpoints")):
+        if _complete_steps(directory):
+            return directory, None
+    return None
+
+
+def _unbox(tree):
+    """Drops the `{"value": array}` wrappers that flax's partitioning boxes leave on disk."""
+    if isinstance(tree, dict):
+        if set(tree) == {"value"} and not isinstance(tree["value"], dict):
+            return tree["value"]
+        return {k: _unbox(v) for k, v in tree.items()}
+    return tree
 
 
 def _require_state_metadata(manager, step: int) -> None:
@@ -344,12 +389,17 @@ def _verify(state, saved: dict | None) -> None:
 
 def is_checkpoint_dir(path: str) -> bool:
     """True when `path` holds this project's train-state checkpoints."""
+    return bool(_complete_steps(path))
+
+
+def _complete_steps(path: str) -> list[int]:
+    """The steps completely written in the checkpoint directory `path` (none if it is not one)."""
     if not tf_io_isdir(path):
-        return False
+        return []
     try:
-        return make_manager(path, async_save=False, create=False).latest_step() is not None
+        return list(make_manager(path, async_save=False, create=False).all_steps())
     except (OSError, ValueError):
-        return False
+        return []
 
 
 class PreemptionWatcher:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 # name: (num_hidden_layers, hidden_size, num_attention_heads); intermediate = 4H.
@@ -135,6 +136,18 @@ class BertConfig:
         )
         fields.update(overrides)
         return cls(**fields)
+
+    @classmethod
+    def from_experiment(cls, model: Mapping[str, Any], vocab_size: int | None = None) -> BertConfig:
+        """The config an experiment's `model` block describes: a preset and overrides.
+
+        Fields set to None keep the preset's value; vocab_size, when the block leaves it to
+        the vocab file, is `vocab_size` (default 30522, BERT's uncased vocab).
+        """
+        fields = {k: v for k, v in model.items() if v is not None}
+        preset = fields.pop("preset")
+        fields.setdefault("vocab_size", vocab_size or 30522)
+        return cls.from_preset(preset, **fields)
 
     # --- JSON: Google's bert_config.json and Hugging Face's config.json -------------------
 

@@ -23,7 +23,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bert_jax import convert, optim, sharding, weight_readers
+from bert_jax import convert, optim, sharding
 from bert_jax.config import BertConfig
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ def save_finetuned(
     labels, `num_outputs`, ...). Everything is written under a temporary name and renamed
     when complete, replacing an older checkpoint there.
     """
-    with weight_readers.writing_dir(directory, overwrite=True) as tmp:
+    with convert.writing_dir(directory, overwrite=True) as tmp:
         convert.save_params(tmp, config, params, vocab_file=vocab_file, overwrite=True)
         write_json(os.path.join(tmp, FINETUNED_FILE), metadata)
     log.info("Saved the fine-tuned model to %s", directory)

@@ -54,11 +54,7 @@ class TrainState(flax.struct.PyTreeNode):
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> BertConfig:
     """The frozen model config an experiment's `config.model` block describes."""
-    fields = dict(config.model)
-    preset = fields.pop("preset")
-    if fields.get("vocab_size") is None:
-        fields["vocab_size"] = vocab_size or 30522
-    return BertConfig.from_preset(preset, **fields)
+    return BertConfig.from_experiment(config.model, vocab_size)
 
 
 def example_batch(batch_size: int, seq_len: int, predictions: int) -> dict[str, jax.Array]:
@@ -216,7 +212,8 @@ def _masking_config(config, tokenizer):
 def _load_init_params(path: str, cfg: BertConfig, abstract_params):
     """Params for `init_from`: our checkpoint dir, a TF checkpoint or a HF directory."""
     if checkpointing.is_checkpoint_dir(path):
-        return checkpointing.restore_params(path, abstract_params)
+        params, _ = checkpointing.restore_params(path, abstract_params)
+        return params
     from bert_jax import convert
 
     _, params, _ = convert.load_pretrained(path, config=cfg, model="pretraining")

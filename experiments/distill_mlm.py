@@ -36,9 +36,9 @@ from tqdm import tqdm
 from bert_jax import convert, distill, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
+from bert_jax.convert.names import HEAD_SPECS
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import weighted_cross_entropy
-from bert_jax.weight_names import HEAD_SPECS
 from data_pipelines import cli, input_pipeline
 
 BATCH_KEYS = (

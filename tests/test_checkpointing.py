@@ -126,7 +126,7 @@ def test_restore_params_reads_only_the_params(checkpoints, with_shardings):
         if with_shardings
         else abstract.params
     )
-    params = checkpointing.restore_params(directory, target)
+    params, _ = checkpointing.restore_params(directory, target)
     assert jax.tree.structure(params) == jax.tree.structure(saved.params)
     for (path, leaf), want in zip(
         jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(saved.params), strict=True
@@ -142,7 +142,7 @@ def test_restore_params_never_reads_the_optimizer_state(checkpoints, tmp_path):
     checkpointing.save(manager, 3, other, POSITIONS, {})
     manager.close()
     abstract, _, _ = _abstract(sharding.create_mesh((1, 1, 1), jax.devices()[:1]))
-    params = checkpointing.restore_params(str(tmp_path / "other"), abstract.params)
+    params, _ = checkpointing.restore_params(str(tmp_path / "other"), abstract.params)
     for (path, leaf), want in zip(
         jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(saved.params), strict=True
     ):
@@ -289,9 +289,38 @@ def test_restore_params_skips_a_corrupt_newest_checkpoint(tmp_path):
     states = _three_steps(directory)
     _corrupt(directory / "3", "flipped")
     target = {"kernel": jax.ShapeDtypeStruct((256, 256), jnp.float32)}
-    params = checkpointing.restore_params(str(directory), target)
+    params, _ = checkpointing.restore_params(str(directory), target)
     np.testing.assert_array_equal(params["kernel"], states[2]["params"]["kernel"])
     assert sorted(os.listdir(directory)) == ["1", "2", "3"]  # another run's: left as it is
+
+
+def test_restore_params_without_a_target_reads_numpy_as_saved(tmp_path):
+    # What `bert_jax.convert` imports: no model at hand, shapes and dtypes from the checkpoint.
+    directory = tmp_path / "checkpoints"
+    states = _three_steps(directory)
+    _corrupt(directory / "3", "flipped")
+    params, config = checkpointing.restore_params(str(directory))
+    assert isinstance(params["kernel"], np.ndarray)
+    np.testing.assert_array_equal(params["kernel"], states[2]["params"]["kernel"])
+    assert config == {"lr": 0.1}
+    params, _ = checkpointing.restore_params(str(directory), step=1)
+    np.testing.assert_array_equal(params["kernel"], states[1]["params"]["kernel"])
+
+
+def test_find_checkpoints_takes_a_workdir_a_checkpoint_dir_or_a_step(tmp_path):
+    directory = tmp_path / "workdir" / "checkpoints"
+    _three_steps(directory)
+    newest = (str(directory), None)
+    assert checkpointing.find_checkpoints(str(tmp_path / "workdir")) == newest
+    assert checkpointing.find_checkpoints(str(directory)) == newest
+    assert checkpointing.find_checkpoints(str(directory / "2")) == (str(directory), 2)
+    assert checkpointing.find_checkpoints(str(directory / "2") + "/") == (str(directory), 2)
+    (directory / "7").mkdir()  # not a step Orbax wrote: named when it is read
+    assert checkpointing.find_checkpoints(str(directory / "7")) == (str(directory), 7)
+    with pytest.raises(checkpointing.CheckpointError, match=r"step 7 in .* is unreadable"):
+        checkpointing.restore_params(str(directory), step=7)
+    assert checkpointing.find_checkpoints(str(tmp_path)) is None
+    assert checkpointing.find_checkpoints(str(tmp_path / "absent")) is None
 
 
 def test_the_fingerprint_covers_every_array_and_only_changes_with_the_bits():

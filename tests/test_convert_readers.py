@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from finetune_fixtures import pretrained_params, write_train_state
 
-from bert_jax import weight_readers
+from bert_jax.convert import readers
 
 
 @pytest.fixture()
@@ -23,8 +23,8 @@ def test_a_relative_pretraining_workdir_reads_like_an_absolute_one(inside):
     params = pretrained_params()
     write_train_state(inside / "run", params)
     # Orbax reads no metadata from a relative directory; the reader must not pass one on.
-    relative = weight_readers.open_source("run")
-    absolute = weight_readers.open_source(str(inside / "run"))
+    relative = readers.open_source("run")
+    absolute = readers.open_source(str(inside / "run"))
     assert relative.config == absolute.config
     assert relative.shapes == absolute.shapes and relative.shapes
     for name in relative.shapes:

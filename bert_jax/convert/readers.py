@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 
 from bert_jax.config import BertConfig
-from bert_jax.weight_names import (
+from bert_jax.convert.names import (
     IGNORED_NAMES,
     ConversionError,
     Params,
@@ -207,76 +207,30 @@ def _ours_source(
     return Source(location, "ours", shapes, tensors.__getitem__, config, vocab_file)
 
 
-def _train_state_step(path: str) -> str | None:
-    """The step directory of a `bert_jax.checkpointing` train-state checkpoint at `path`.
+def _train_state_source(path: str) -> Source:
+    """The params of a `bert_jax.checkpointing` train state (never its optimizer state).
 
-    `path` may be a step directory, a checkpoint directory (`<workdir>/checkpoints`, its
-    latest step is taken) or the workdir itself. Orbax names a step directory by its
-    number only once the step is completely written.
+    The config is the one the experiment config saved beside the state describes; a
+    vocab_size left to the vocab file is read off the embedding table.
     """
+    from bert_jax import checkpointing
 
-    def is_step(d: str) -> bool:
-        return os.path.exists(os.path.join(d, "state", "_METADATA")) and os.path.isdir(
-            os.path.join(d, "config")
-        )
-
-    if is_step(path):
-        return path
-    for root in (path, os.path.join(path, "checkpoints")):
-        if os.path.isdir(root):
-            steps = [int(n) for n in os.listdir(root) if n.isdigit()]
-            steps = [n for n in steps if is_step(os.path.join(root, str(n)))]
-            if steps:
-                return os.path.join(root, str(max(steps)))
-    return None
-
-
-def _unbox(tree):
-    """Drops the `{"value": array}` wrappers that flax's axis-name boxes leave on disk."""
-    if isinstance(tree, Mapping):
-        if set(tree) == {"value"} and not isinstance(tree["value"], Mapping):
-            return tree["value"]
-        return {k: _unbox(v) for k, v in tree.items()}
-    return tree
-
-
-def _train_state_source(step_dir: str) -> Source:
-    """The params of a train-state checkpoint (the optimiser state is never read)."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    state_dir = os.path.join(step_dir, "state")
-    checkpointer = ocp.PyTreeCheckpointer()
-    tree = checkpointer.metadata(state_dir).item_metadata.tree
-    if "params" not in tree:
-        raise ConversionError(f"{state_dir}: the train state has no 'params'")
-    target = {
-        "params": jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree["params"])
-    }
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
-    restored = checkpointer.restore(
-        state_dir,
-        args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
-    )
-    params = _unbox(restored["params"])
-
-    # The experiment config saved beside the state: its `model` block is a preset plus
-    # BertConfig overrides; a vocab_size left to the vocab file is read off the table.
-    with open(os.path.join(step_dir, "config", "metadata"), encoding="utf-8") as f:
-        experiment = json.load(f)
-    fields = dict(experiment.get("model") or {})
-    preset = fields.pop("preset", None)
-    if preset is None:
-        raise ConversionError(f"{step_dir}/config: no model.preset in the experiment config")
-    known = {f.name for f in dataclasses.fields(BertConfig)}
-    fields = {k: v for k, v in fields.items() if k in known and v is not None}
-    encoder = params.get("bert", params)
-    fields.setdefault("vocab_size", encoder["embeddings"]["word_embeddings"]["embedding"].shape[0])
-    config = BertConfig.from_preset(preset, **fields)
+    directory, step = checkpointing.find_checkpoints(path)
+    params, experiment = checkpointing.restore_params(directory, step=step)
+    model = {k: v for k, v in (experiment.get("model") or {}).items() if k in _MODEL_KEYS}
+    if "preset" not in model:
+        raise ConversionError(f"{directory}: no model.preset in the saved experiment config")
+    table = params.get("bert", params)["embeddings"]["word_embeddings"]["embedding"]
+    config = BertConfig.from_experiment(model, vocab_size=table.shape[0])
     vocab_file = (experiment.get("data") or {}).get("vocab_file")
     if not (vocab_file and vocab_file.endswith(".txt") and os.path.exists(vocab_file)):
         vocab_file = None
-    return _ours_source(step_dir, config, params, vocab_file)
+    return _ours_source(path, config, params, vocab_file)
+
+
+# An experiment's `model` block: a preset and BertConfig fields (others, from older
+# versions of the config, are not read).
+_MODEL_KEYS = {"preset", *(f.name for f in dataclasses.fields(BertConfig))}
 
 
 def _tf_prefix(path: str) -> str | None:
@@ -315,7 +269,9 @@ def detect_format(path: str | os.PathLike) -> str:
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, "params", "_CHECKPOINT_METADATA")):
             return "orbax"  # params-only (`save_params`)
-        if _train_state_step(path):
+        from bert_jax import checkpointing
+
+        if checkpointing.find_checkpoints(path):
             return "train_state"  # `bert_jax.checkpointing` (pretraining runs)
         if glob.glob(os.path.join(path, "model.safetensors*")):
             return "hf"
@@ -348,7 +304,7 @@ def open_source(path: str | os.PathLike, config_file: str | None = None) -> Sour
     elif fmt == "tf":
         return _tf_source(_tf_prefix(path), config_file)
     elif fmt == "train_state":
-        source = _train_state_source(_train_state_step(path))
+        source = _train_state_source(path)
     else:
         config, params, vocab_file = load_params(path)
         source = _ours_source(path, config, params, vocab_file)

@@ -1,0 +1,53 @@
+r"""Weight conversion: Google TF checkpoints, Hugging Face directories and our params.
+
+Import (`load_pretrained`) reads any of
+  * a Hugging Face BERT directory: `config.json` + `model.safetensors` + `vocab.txt`
+    (BertModel keys, or BertFor* keys under `bert.`; LayerNorm weight/bias or gamma/beta);
+  * a google-research/bert TF1 checkpoint: the `bert_model.ckpt` prefix (or its directory)
+    with `bert_config.json` and `vocab.txt` beside it (optimiser slots are skipped; the
+    config's "gelu" is the original code's tanh GELU, `hidden_act="gelu_tanh"` here);
+  * this project's params-only Orbax directory (`save_params`), or a pretraining workdir
+    or checkpoint directory (`bert_jax.checkpointing`: the newest readable step's params);
+and returns the plain (unboxed) `params` of one of our models, looped or scanned as its
+config says. Heads the source lacks start from our model's init, with a warning naming
+each. Export: `save_hf` writes a directory `transformers` loads with no missing or
+unexpected keys (`hidden_act` "gelu" or, for the tanh form, "gelu_new"); `save_params`
+writes params-only Orbax. Numpy in, numpy out: no torch.
+
+Usage:
+    python -m bert_jax.convert --input=uncased_L-12_H-768_A-12/bert_model.ckpt \
+        --output=/tmp/bert-base-uncased-hf --format=hf
+    python -m bert_jax.convert --input=/path/to/hf_dir --output=/tmp/params --format=orbax
+
+The package: `names` (the one table naming every parameter in our, HF and Google layouts),
+`readers` (the formats on disk, read as a `Source`, and params-only Orbax), `load`
+(`load_pretrained`: a Source into one of our models) and `export` (HF safetensors);
+`python -m bert_jax.convert` is the command line (`__main__`).
+"""
+
+from bert_jax.convert.export import save_hf, to_hf_state_dict
+from bert_jax.convert.load import load_pretrained
+from bert_jax.convert.names import ConversionError, stack_layers, unstack_layers
+from bert_jax.convert.readers import (
+    check_vocab,
+    detect_format,
+    load_params,
+    open_source,
+    save_params,
+    writing_dir,
+)
+
+__all__ = [
+    "ConversionError",
+    "check_vocab",
+    "detect_format",
+    "load_params",
+    "load_pretrained",
+    "open_source",
+    "save_hf",
+    "save_params",
+    "stack_layers",
+    "to_hf_state_dict",
+    "unstack_layers",
+    "writing_dir",
+]

@@ -1,0 +1,165 @@
+"""Import: a checkpoint's tensors (a `readers.Source`) as the params of one of our models."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.config import BertConfig
+from bert_jax.convert.names import (
+    HEAD_SPECS,
+    LAYER_INDEX,
+    POOLER_SPECS,
+    TIED_DECODER,
+    ConversionError,
+    Params,
+    encoder_specs,
+    get_path,
+    set_path,
+    stack_layers,
+)
+from bert_jax.convert.readers import Source, check_vocab, open_source
+from bert_jax.heads import BertForPreTraining
+from bert_jax.model import BertModel
+
+log = logging.getLogger(__name__)
+
+
+def _module_for(model: str | nn.Module, config: BertConfig) -> nn.Module:
+    if model == "pretraining":
+        return BertForPreTraining(config)
+    if model == "encoder":
+        return BertModel(config)
+    if isinstance(model, nn.Module):
+        return model.clone(config=config)
+    raise ValueError(f"model must be 'pretraining', 'encoder', 'auto' or a flax Module: {model!r}")
+
+
+def _init_args(module: nn.Module) -> tuple:
+    ids = jnp.zeros((1, 2), jnp.int32)
+    # input_ids, input_mask, token_type_ids (+ masked_lm_positions for pretraining)
+    return (ids,) * (4 if isinstance(module, BertForPreTraining) else 3)
+
+
+def _fresh(module: nn.Module, paths: list[tuple[str, ...]], rng: jax.Array) -> dict:
+    """Our init of the subtrees at `paths` only (jit drops the rest of the init as dead)."""
+
+    def init(rng):
+        params = nn.meta.unbox(module.init(rng, *_init_args(module))["params"])
+        return {"/".join(p): get_path(params, p) for p in paths}
+
+    out = jax.jit(init)(rng)
+    return {tuple(k.split("/")): jax.tree_util.tree_map(np.asarray, v) for k, v in out.items()}
+
+
+def _check_tied(source: Source) -> None:
+    for copy, original in TIED_DECODER.items():
+        if copy in source.shapes and original in source.shapes:
+            if not np.array_equal(source.read(copy), source.read(original)):
+                raise ConversionError(
+                    f"{source.location}: {source.display(copy)!r} differs from "
+                    f"{source.display(original)!r}; only an MLM "
+                    "decoder tied to the word embeddings is supported"
+                )
+
+
+def _fill(source: Source, module: nn.Module, config: BertConfig, rng) -> Params:
+    """Our looped params for `module`, from `source` where it has them, else fresh."""
+    shapes = jax.eval_shape(lambda r: module.init(r, *_init_args(module)), jax.random.key(0))
+    template = nn.meta.unbox(shapes["params"])
+    dtype = jnp.dtype(config.param_dtype)
+    enc_prefix = ("bert",) if "bert" in template else ()
+    enc_template = get_path(template, enc_prefix)
+
+    params: Params = {}
+    for spec in encoder_specs(config.num_hidden_layers):
+        value = source.take(spec, get_path(enc_template, spec.path).shape, dtype)
+        set_path(params, (*enc_prefix, *spec.path), value)
+
+    # Parts a checkpoint may lack: the pooler (token-level models drop it) and the heads.
+    optional = [(enc_prefix, "pooler", POOLER_SPECS)] if "pooler" in enc_template else []
+    if enc_prefix:  # everything beside `bert` is a head
+        optional += [((), head, HEAD_SPECS.get(head, [])) for head in template if head != "bert"]
+    missing = []
+    for root, name, specs in optional:
+        if not any(source.has(spec) for spec in specs):
+            missing.append((*root, name))
+            continue
+        for spec in specs:
+            shape = get_path(get_path(template, root), spec.path).shape
+            set_path(params, (*root, *spec.path), source.take(spec, shape, dtype))
+    if source.naming == "hf":
+        _check_tied(source)
+
+    leftover = source.leftover()
+    extra_layers = sorted({int(m.group(2)) for n in leftover if (m := LAYER_INDEX.search(n))})
+    if extra_layers:
+        raise ConversionError(
+            f"{source.location}: has encoder layer(s) {extra_layers} beyond "
+            f"num_hidden_layers={config.num_hidden_layers}"
+        )
+    if leftover:
+        log.info("Not used from %s: %s", source.location, ", ".join(leftover))
+    if missing:
+        for path in missing:
+            log.warning(
+                "%s has no '%s' weights: initialising head '%s' from scratch",
+                source.location,
+                "/".join(path),
+                "/".join(path),
+            )
+        rng = jax.random.key(0) if rng is None else rng
+        for path, value in _fresh(module, missing, rng).items():
+            set_path(params, path, jax.tree_util.tree_map(lambda x: x.astype(dtype), value))
+    return params
+
+
+def load_pretrained(
+    path: str | os.PathLike,
+    config: BertConfig | None = None,
+    *,
+    model: str | nn.Module = "pretraining",
+    rng: jax.Array | None = None,
+    config_file: str | None = None,
+) -> tuple[BertConfig, Params, str | None]:
+    """Imports a checkpoint as the `params` collection of one of our models.
+
+    Args:
+      path: a HF directory, a Google TF checkpoint (prefix or directory) or a params-only
+        Orbax directory (see `detect_format`).
+      config: the model config; None reads the source's own. Its `scan_layers` picks the
+        layout (one `layers` subtree stacked on axis 0, or `layer_N`), its `param_dtype`
+        the dtype. A config that disagrees with the tensors raises ConversionError.
+      model: "pretraining" (BertForPreTraining), "encoder" (BertModel), "auto" (pretraining
+        if the source has both MLM and NSP heads, else encoder), or a module from
+        `bert_jax.heads` whose encoder is called `bert` (its config is replaced).
+      rng: PRNG key for the heads the source lacks (default `jax.random.key(0)`).
+      config_file: a config that replaces the one beside the checkpoint (for a TF
+        checkpoint read as Google's `bert_config.json`, whose "gelu" is the tanh form).
+
+    Returns:
+      (config, params, vocab_file or None); run with `module.apply({"params": params}, ...)`.
+
+    Raises:
+      ConversionError: naming the tensor and both shapes when the source does not fit.
+    """
+    source = open_source(path, config_file)
+    if config is None:
+        if source.config is None:
+            raise ConversionError(f"{source.location}: no config file found; pass a config")
+        config = source.config
+    check_vocab(source.vocab_file, config)
+    if model == "auto":
+        heads = all(any(source.has(s) for s in HEAD_SPECS[h]) for h in ("mlm", "nsp"))
+        model = "pretraining" if heads else "encoder"
+    looped = config.replace(scan_layers=False)
+    params = _fill(source, _module_for(model, looped), looped, rng)
+    if config.scan_layers:
+        root = params["bert"] if "bert" in params else params
+        root["encoder"] = stack_layers(root["encoder"], config.num_hidden_layers)
+    return config, params, source.vocab_file
