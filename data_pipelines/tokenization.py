@@ -305,7 +305,68 @@ def _check_texts(texts: Sequence[str]) -> None:
 # ------------------------------------------------------------------------------- tokenizers
 
 
-class WordPieceTokenizer:
+class _Tokenizer:
+    """What both tokenizers share: the id <-> token maps and the special ids.
+
+    A subclass sets `vocab` (token -> id, with [PAD] [UNK] [CLS] [SEP] [MASK]), `inv_vocab`
+    (id -> token), `vocab_size`, `vocab_file` and `do_lower_case`.
+    """
+
+    _UNIT = "token"  # what an error calls one entry of the vocabulary
+
+    vocab: dict[str, int]
+    inv_vocab: list[str]
+    vocab_size: int
+    vocab_file: str
+    do_lower_case: bool
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.vocab_file!r}, do_lower_case={self.do_lower_case}, "
+            f"vocab_size={self.vocab_size})"
+        )
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        """Tokens -> ids; an unknown token is a KeyError, as in the original."""
+        vocab = self.vocab
+        try:
+            return [vocab[t] for t in tokens]
+        except KeyError as e:
+            raise KeyError(f"{self._UNIT} {e.args[0]!r} is not in {self.vocab_file}") from None
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        """Ids -> tokens; an id outside [0, vocab_size) is an IndexError."""
+        return [self.inv_vocab[_check_id(i, self.vocab_size)] for i in ids]
+
+    @property
+    def pad_id(self) -> int:
+        return self.vocab[PAD_TOKEN]
+
+    @property
+    def unk_id(self) -> int:
+        return self.vocab[UNK_TOKEN]
+
+    @property
+    def cls_id(self) -> int:
+        return self.vocab[CLS_TOKEN]
+
+    @property
+    def sep_id(self) -> int:
+        return self.vocab[SEP_TOKEN]
+
+    @property
+    def mask_id(self) -> int:
+        return self.vocab[MASK_TOKEN]
+
+
+def _check_id(token_id: int, vocab_size: int) -> int:
+    token_id = int(token_id)
+    if not 0 <= token_id < vocab_size:
+        raise IndexError(f"token id {token_id} is outside the vocabulary [0, {vocab_size})")
+    return token_id
+
+
+class WordPieceTokenizer(_Tokenizer):
     """The original BERT `FullTokenizer` (basic + WordPiece) on a Rust pipeline.
 
     Attributes:
@@ -353,12 +414,6 @@ class WordPieceTokenizer:
         self.vocab_file = state["vocab_file"]
         self._setup(state["tokens"], state["do_lower_case"], state["max_input_chars_per_word"])
 
-    def __repr__(self) -> str:
-        return (
-            f"WordPieceTokenizer({self.vocab_file!r}, do_lower_case={self.do_lower_case}, "
-            f"vocab_size={self.vocab_size})"
-        )
-
     def tokenize(self, text: str) -> list[str]:
         """Text -> WordPiece tokens, as the original `FullTokenizer.tokenize`."""
         return self._encode_one(text).tokens
@@ -389,58 +444,19 @@ class WordPieceTokenizer:
             _check_texts([text])
             raise
 
-    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
-        """Tokens -> ids; an unknown token is a KeyError, as in the original."""
-        vocab = self.vocab
-        try:
-            return [vocab[t] for t in tokens]
-        except KeyError as e:
-            raise KeyError(f"token {e.args[0]!r} is not in {self.vocab_file}") from None
-
-    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
-        """Ids -> tokens; an id outside [0, vocab_size) is an IndexError."""
-        return [self.inv_vocab[_check_id(i, self.vocab_size)] for i in ids]
-
     def is_continuation(self, token: str) -> bool:
         """True for a piece that continues a word ('##ing'); whole-word masking groups them."""
         return token.startswith("##")
-
-    @property
-    def pad_id(self) -> int:
-        return self.vocab[PAD_TOKEN]
-
-    @property
-    def unk_id(self) -> int:
-        return self.vocab[UNK_TOKEN]
-
-    @property
-    def cls_id(self) -> int:
-        return self.vocab[CLS_TOKEN]
-
-    @property
-    def sep_id(self) -> int:
-        return self.vocab[SEP_TOKEN]
-
-    @property
-    def mask_id(self) -> int:
-        return self.vocab[MASK_TOKEN]
 
 
 # The original's name, for scripts ported from google-research/bert.
 FullTokenizer = WordPieceTokenizer
 
 
-def _check_id(token_id: int, vocab_size: int) -> int:
-    token_id = int(token_id)
-    if not 0 <= token_id < vocab_size:
-        raise IndexError(f"token id {token_id} is outside the vocabulary [0, {vocab_size})")
-    return token_id
-
-
 _WORD_START = "\u2581"  # sentencepiece's '▁', which begins every piece that starts a word
 
 
-class SentencePieceTokenizer:
+class SentencePieceTokenizer(_Tokenizer):
     """A sentencepiece model behind the same interface as `WordPieceTokenizer`.
 
     The model must contain [CLS] [SEP] [MASK] as user-defined or control pieces (train with
@@ -455,6 +471,8 @@ class SentencePieceTokenizer:
         vocab_size: number of ids.
         do_lower_case: lower-case the text before encoding.
     """
+
+    _UNIT = "piece"
 
     def __init__(self, model_file: str, do_lower_case: bool = True):
         """Loads a sentencepiece `.model` file.
@@ -518,12 +536,6 @@ class SentencePieceTokenizer:
         self.vocab_file = state["vocab_file"]
         self._setup(state["proto"], state["do_lower_case"])
 
-    def __repr__(self) -> str:
-        return (
-            f"SentencePieceTokenizer({self.vocab_file!r}, do_lower_case={self.do_lower_case}, "
-            f"vocab_size={self.vocab_size})"
-        )
-
     def _prepare(self, text: str) -> str:
         if not isinstance(text, str):
             raise TypeError(f"text is a {type(text).__name__}, expected str")
@@ -545,41 +557,9 @@ class SentencePieceTokenizer:
         """Many texts -> ids, on sentencepiece's thread pool."""
         return self._sp.encode([self._prepare(t) for t in texts], out_type=int)
 
-    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
-        """Pieces (or [PAD]/[UNK]) -> ids; an unknown piece is a KeyError."""
-        vocab = self.vocab
-        try:
-            return [vocab[t] for t in tokens]
-        except KeyError as e:
-            raise KeyError(f"piece {e.args[0]!r} is not in {self.vocab_file}") from None
-
-    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
-        """Ids -> pieces; an id outside [0, vocab_size) is an IndexError."""
-        return [self.inv_vocab[_check_id(i, self.vocab_size)] for i in ids]
-
     def is_continuation(self, token: str) -> bool:
         """True for a piece inside a word: it does not start with '▁' and is not special."""
         return not token.startswith(_WORD_START) and self.vocab.get(token) not in self.special_ids
-
-    @property
-    def pad_id(self) -> int:
-        return self._sp.pad_id()
-
-    @property
-    def unk_id(self) -> int:
-        return self._sp.unk_id()
-
-    @property
-    def cls_id(self) -> int:
-        return self.vocab[CLS_TOKEN]
-
-    @property
-    def sep_id(self) -> int:
-        return self.vocab[SEP_TOKEN]
-
-    @property
-    def mask_id(self) -> int:
-        return self.vocab[MASK_TOKEN]
 
 
 def load_tokenizer(
