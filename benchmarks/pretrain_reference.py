@@ -63,10 +63,6 @@ from tqdm import tqdm
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 
-config_flags.DEFINE_config_file("config", None, "Pretraining config file.", lock_config=True)
-flags.DEFINE_string("output_dir", None, "Hugging Face directory to write (and metrics.jsonl).")
-flags.DEFINE_bool("overwrite", False, "Replace an existing --output_dir at the end.")
-flags.mark_flags_as_required(["config", "output_dir"])
 FLAGS = flags.FLAGS
 
 
@@ -313,4 +309,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    config_flags.DEFINE_config_file("config", None, "Pretraining config file.", lock_config=True)
+    flags.DEFINE_string("output_dir", None, "Hugging Face directory to write (and metrics.jsonl).")
+    flags.DEFINE_bool("overwrite", False, "Replace an existing --output_dir at the end.")
+    flags.mark_flags_as_required(["config", "output_dir"])
     cli.run(main)

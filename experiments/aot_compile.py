@@ -280,18 +280,6 @@ def is_out_of_memory(error: Exception) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text
 
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file (optionally with :variant).", lock_config=True
-)
-_TOPOLOGY = flags.DEFINE_string(
-    "topology", None, "TPU slice, e.g. v3:8x8, v4:2x2x2, v5e:4x4 (default: config.topology)."
-)
-_MFU = flags.DEFINE_float("mfu", 0.4, "Model-FLOPs utilisation the time projection assumes.")
-_USD = flags.DEFINE_float(
-    "usd_per_chip_hour", None, "If given, also project the cost at this price per chip-hour."
-)
-
-
 def run(config, topology: str | None, mfu: float, usd_per_chip_hour: float | None) -> int:
     """Checks `config`, prints the report; returns the exit status (0 fits, 1 does not,
     2 no slice to check for)."""
@@ -330,7 +318,8 @@ def main(argv) -> int:
         return 2
     print(f"config {flags.FLAGS['config'].config_filename}")
     try:
-        return run(_CONFIG.value, _TOPOLOGY.value, _MFU.value, _USD.value)
+        FLAGS = flags.FLAGS
+        return run(FLAGS.config, FLAGS.topology, FLAGS.mfu, FLAGS.usd_per_chip_hour)
     except Exception:  # noqa: BLE001  (any other failure to lower or compile)
         logging.exception("the step could not be compiled")
         return 2
@@ -342,6 +331,16 @@ def _run():
     # stop this one. Both must be set before JAX starts.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    config_flags.DEFINE_config_file(
+        "config", None, "Experiment config file (optionally with :variant).", lock_config=True
+    )
+    flags.DEFINE_string(
+        "topology", None, "TPU slice, e.g. v3:8x8, v4:2x2x2, v5e:4x4 (default: config.topology)."
+    )
+    flags.DEFINE_float("mfu", 0.4, "Model-FLOPs utilisation the time projection assumes.")
+    flags.DEFINE_float(
+        "usd_per_chip_hour", None, "If given, also project the cost at this price per chip-hour."
+    )
     cli.run(lambda argv: sys.exit(main(argv)))
 
 

@@ -142,7 +142,6 @@ def plot_metrics(workdir: str, output: str | None = None) -> str:
     return output
 
 
-flags.DEFINE_string("output", None, "PNG to write (default: WORKDIR/metrics.png).")
 FLAGS = flags.FLAGS
 
 
@@ -157,4 +156,5 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+    flags.DEFINE_string("output", None, "PNG to write (default: WORKDIR/metrics.png).")
     cli.run(main)

@@ -12,13 +12,6 @@ from ml_collections import config_flags
 
 from data_pipelines import cli
 
-config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
-flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events.")
-flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host off TPU).")
-flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host off TPU).")
-flags.DEFINE_integer("process_id", None, "This process's index (multi-host off TPU).")
-flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (Cloud TPU pods).")
-flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
 
@@ -53,4 +46,11 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+    flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events.")
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host off TPU).")
+    flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host off TPU).")
+    flags.DEFINE_integer("process_id", None, "This process's index (multi-host off TPU).")
+    flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (Cloud TPU pods).")
+    flags.mark_flags_as_required(["config", "workdir"])
     cli.run(main)

@@ -62,6 +62,30 @@ def test_h_prints_the_help_and_exits_0(tool):
     assert "Traceback" not in result.stderr
 
 
+# The demo's functions read its flags (its tests parse them in-process).
+DEFINES_FLAGS_AT_IMPORT = {"experiments/demo.py"}
+
+
+def test_importing_a_tool_defines_no_flags():
+    # A module that defines its flags at import cannot be imported beside another that
+    # defines the same names (absl's DuplicateFlagError): tools define them when run.
+    modules = [_module(t) for t in TOOLS if t not in DEFINES_FLAGS_AT_IMPORT]
+    code = (
+        "import importlib, sys\n"
+        "from absl import flags\n"
+        "for name in sys.argv[1:]:\n"
+        "    importlib.import_module(name)\n"
+        "defined = flags.FLAGS.flags_by_module_dict()\n"
+        "print(sorted(n for n in sys.argv[1:] if n in defined))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *modules], cwd=REPO, env=ENV, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "[]\n"
+
+
 @pytest.mark.parametrize("flag", ["--help", "-?", "--helpshort", "--helpfull"])
 def test_every_help_flag_exits_0(flag):
     result = _run("experiments.pretrain", flag)
