@@ -233,8 +233,18 @@ def _restore(config, workdir, abstract_state, shardings):
         state, positions, saved = checkpointing.restore(other, None, target)
         same_data = saved.get("data_identity") == _data_identity(config)
         position = positions[jax.process_index()] if same_data else None
+        _check_start_step(config, int(state.step), f"resume_from {config.resume_from}")
         return state, position, f"resume_from {config.resume_from} step {int(state.step)}"
+    _check_start_step(config, 0, "a run that starts from step 0 (no resume_from)")
     return None, None, None
+
+
+def _check_start_step(config, step: int, source: str) -> None:
+    """The step a phase begins at (`config.start_step`, which the AOT check's time
+    projection counts from) must be the step the run really begins at."""
+    start = config.get("start_step")
+    if start is not None and start != step:
+        raise ValueError(f"config.start_step is {start} but {source} is at step {step}")
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:

@@ -308,6 +308,11 @@ def test_tpu_layout_runs_phase_1_then_phase_2_on_a_local_bucket(tmp_path):
 
     phase2 = shrunk("phase2", 4)
     assert phase2.resume_from == f"{one_dir}/checkpoints"
+    # The full config's start_step is phase 1's 900k stop; the AOT check counts from it.
+    with pytest.raises(ValueError, match=f"start_step is {phase2.start_step} but resume_from "
+                       f"{one_dir}/checkpoints is at step 2"):  # fmt: skip
+        train.train_and_evaluate(phase2, str(tmp_path / "wrong_start"))
+    phase2.start_step = 2  # phase 1's shrunk stop
     train.train_and_evaluate(phase2, two_dir)
     # Phase 2 continued phase 1's state (steps 3 and 4), it did not start from scratch.
     assert sorted(os.listdir(f"{two_dir}/checkpoints")) == ["4"]

@@ -70,7 +70,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.num_train_steps = NUM_TRAIN_STEPS  # length of the learning-rate schedule
     # Phase 1 stops at 900k; phase 2 runs to the end of the schedule.
     config.stop_at_step = PHASE1_STEPS if phase == "phase1" else placeholder(int)
-    config.start_step = 0 if phase == "phase1" else PHASE1_STEPS  # step this phase begins at
+    config.start_step = 0 if phase == "phase1" else PHASE1_STEPS  # checked against the restore
     config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): data parallel on every device
 
     config.optimizer = ml_collections.ConfigDict()
