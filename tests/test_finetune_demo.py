@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from data_pipelines import recipe
 from experiments import demo
 
 REPO = Path(__file__).parent.parent
@@ -15,7 +16,7 @@ def test_every_20th_document_is_held_out_as_make_pretrain_does(tmp_path):
     documents = [f"scene {i} line one.\nscene {i} line two." for i in range(1, 46)]
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(documents) + "\n\n\n")
-    counts = demo.split_documents(
+    counts = recipe.split_documents(
         str(corpus), str(tmp_path / "train.txt"), str(tmp_path / "eval.txt")
     )
     assert counts == (43, 2)
@@ -34,7 +35,7 @@ def test_corpora_are_joined_with_a_document_break(tmp_path):
     (tmp_path / "a.txt").write_text("a1.\na2.\n\nb1.\n")  # ends without a blank line
     (tmp_path / "b.txt").write_text("\nc1.\nc2.\n\n\n")  # stray blank lines around
     joined = str(tmp_path / "corpus.txt")
-    demo.concatenate([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], joined)
+    recipe.concatenate([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], joined)
     documents = corpora.read_documents([joined], corpora.ReadStats())
     assert [d.sentences for d in documents] == [["a1.", "a2."], ["b1."], ["c1.", "c2."]]
 
