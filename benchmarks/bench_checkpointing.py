@@ -79,7 +79,6 @@ def parse_args(argv=None):
 
 def build(args):
     """(jitted train step, initial state on one device, device batch, rng, config json)."""
-    import flax.linen as nn
     import jax
     import jax.numpy as jnp
 
@@ -87,6 +86,7 @@ def build(args):
     from bert_jax import checkpointing, optim, sharding, train
     from bert_jax.config import BertConfig
     from bert_jax.heads import BertForPreTraining
+    from bert_jax.train_state import sharded_state
     from experiments.configs import bert_tiny_cpu
 
     config = bert_tiny_cpu.get_config().optimizer  # the experiments' BERT AdamW
@@ -96,10 +96,9 @@ def build(args):
     schedule = optim.learning_rate_schedule(config, steps)
     model = BertForPreTraining(BertConfig.from_preset(args.size, vocab_size=args.vocab))
     mesh = sharding.create_mesh((1, 1, 1), devices=jax.devices()[:1])
-    example = train.example_batch(1, args.seq, args.preds)
-    _, shardings, init = train.state_shardings(model, tx, mesh, example)
+    example = train.init_inputs(train.example_batch(1, args.seq, args.preds))
+    state, shardings = sharded_state(model, tx, mesh, example, rng=jax.random.key(0))
     step_fn, _ = train.jit_steps(model, tx, schedule, mesh, shardings)
-    state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)(jax.random.key(0))
     inputs = make_inputs(args.batch, args.seq, args.preds, args.vocab, seed=0)
     batch = sharding.global_batch(inputs, mesh)
     config_json = {"optimizer": config.to_dict(), "size": args.size, "batch": args.batch}

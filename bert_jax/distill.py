@@ -27,10 +27,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bert_jax import sharding
 from bert_jax.config import BertConfig
-from bert_jax.finetune_common import FinetuneState
 from bert_jax.losses import weighted_cross_entropy
+from bert_jax.train_state import TrainState
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 
@@ -119,7 +118,7 @@ def teacher_classifier_logits(teacher: nn.Module, teacher_params: Any, batch) ->
 
 
 def classification_step(
-    state: FinetuneState,
+    state: TrainState,
     batch: Mapping[str, jax.Array],
     rng: jax.Array,
     teacher_params: Any,
@@ -130,7 +129,7 @@ def classification_step(
     schedule: optax.Schedule,
     temperature: float,
     alpha: float,
-) -> tuple[FinetuneState, dict[str, jax.Array]]:
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """One AdamW update of the student on (soft teacher labels, hard labels).
 
     Args:
@@ -164,11 +163,11 @@ def classification_step(
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics["learning_rate"] = schedule(state.step)
-    return FinetuneState(state.step + 1, params, opt_state), metrics
+    return TrainState(state.step + 1, params, opt_state), metrics
 
 
 def mlm_step(
-    state: FinetuneState,
+    state: TrainState,
     batch: Mapping[str, jax.Array],
     rng: jax.Array,
     teacher_params: Any,
@@ -180,7 +179,7 @@ def mlm_step(
     temperature: float,
     alpha: float,
     cosine_weight: float,
-) -> tuple[FinetuneState, dict[str, jax.Array]]:
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """One update of a `BertForPreTraining` student on the teacher's MLM distribution.
 
     `batch` holds the pretraining features (`input_ids input_mask segment_ids
@@ -213,23 +212,10 @@ def mlm_step(
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics["learning_rate"] = schedule(state.step)
-    return FinetuneState(state.step + 1, params, opt_state), metrics
+    return TrainState(state.step + 1, params, opt_state), metrics
 
 
 # --- setting up teacher and student -------------------------------------------------------
-
-
-def shard_params(module: nn.Module, params: Any, mesh, sample_inputs: Sequence[jax.Array]):
-    """(params placed by the model's logical axis names on `mesh`, their shardings).
-
-    The teacher is sharded exactly as a fine-tuned model of its size would be.
-    """
-    abstract = jax.eval_shape(lambda r: module.init(r, *sample_inputs)["params"], jax.random.key(0))
-    shardings = nn.unbox(sharding.shardings_of(abstract, mesh))
-    expected = jax.tree.structure(nn.unbox(abstract))
-    if jax.tree.structure(params) != expected:
-        raise ValueError(f"params do not have the structure of {type(module).__name__}")
-    return jax.device_put(params, shardings), shardings
 
 
 def check_same_vocab(

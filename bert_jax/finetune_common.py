@@ -1,5 +1,6 @@
 """What the fine-tuning scripts share: a pretrained encoder under a fresh head, the
-optimizer of the original recipe, the sharded train state, batching, result files.
+optimizer of the original recipe, batching, result files (the train state is
+`bert_jax.train_state`'s).
 
 Each script (`experiments/finetune_*.py`) keeps its own loss, train step and evaluation
 loop; only the plumbing below is common.
@@ -15,7 +16,6 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -23,16 +23,10 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bert_jax import convert, optim, sharding
+from bert_jax import convert, optim
 from bert_jax.config import BertConfig
 
 log = logging.getLogger(__name__)
-
-
-class FinetuneState(flax.struct.PyTreeNode):
-    step: jax.Array  # optimizer updates taken
-    params: Any
-    opt_state: Any
 
 
 def load_model(
@@ -92,32 +86,6 @@ def make_optimizer(
     if max_grad_norm:
         tx = optax.chain(optax.clip_by_global_norm(max_grad_norm), tx)
     return tx, schedule
-
-
-def create_state(
-    module: nn.Module, params: Any, tx: optax.GradientTransformation, mesh, sample_inputs
-) -> tuple[FinetuneState, Any]:
-    """(sharded state with `params` and fresh optimizer moments, the state's shardings)."""
-
-    def boxed_state(rng):
-        boxed = module.init(rng, *sample_inputs)["params"]
-        return FinetuneState(jnp.zeros((), jnp.int32), boxed, tx.init(boxed))
-
-    abstract = jax.eval_shape(boxed_state, jax.random.key(0))
-    shardings = nn.unbox(sharding.shardings_of(abstract, mesh))
-    expected = jax.tree.structure(nn.unbox(abstract.params))
-    if jax.tree.structure(params) != expected:
-        raise ValueError(
-            "restored params do not have the model's structure: "
-            f"{jax.tree.structure(params)} vs {expected}"
-        )
-    params = jax.device_put(params, shardings.params)
-    init = jax.jit(
-        lambda p: FinetuneState(jnp.zeros((), jnp.int32), p, tx.init(p)),
-        out_shardings=shardings,
-        donate_argnums=0,
-    )
-    return init(params), shardings
 
 
 def replicated(mesh) -> NamedSharding:

@@ -1,4 +1,4 @@
-"""The device mesh, the logical-axis rule table, and sharded initialisation.
+"""The device mesh and the logical-axis rule table that places arrays on it.
 
 The model names its axes (`batch length embed heads kv mlp vocab layers`); this module
 maps those names onto a `('data', 'fsdp', 'tensor')` mesh. Switching between data
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -83,20 +83,6 @@ def shardings_of(abstract_variables: Any, mesh: Mesh, rules=DEFAULT_RULES) -> An
     """
     specs = nn.get_partition_spec(abstract_variables)
     return logical_to_shardings(specs, mesh, rules)
-
-
-def init_sharded(init_fn: Callable[..., Any], mesh: Mesh, *args, rules=DEFAULT_RULES):
-    """Runs `init_fn(*args)` with its outputs born sharded; returns (unboxed, shardings).
-
-    `jax.eval_shape` finds the output structure and axis names without allocating;
-    the jitted init then writes each shard straight onto its devices.
-    """
-    abstract = jax.eval_shape(init_fn, *args)
-    shardings = nn.unbox(shardings_of(abstract, mesh, rules))
-    # No ambient mesh here: flax would then constrain DenseGeneral's flat (pre-reshape)
-    # kernels with the full-rank names; `out_shardings` already places every leaf.
-    variables = jax.jit(lambda *a: nn.unbox(init_fn(*a)), out_shardings=shardings)(*args)
-    return variables, shardings
 
 
 @contextlib.contextmanager

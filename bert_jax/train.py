@@ -1,8 +1,10 @@
-"""The pretraining state, the jitted train/eval steps, and the train-and-evaluate loop.
+"""Pretraining: the jitted train/eval steps, their setup, and the train-and-evaluate loop.
 
 The step is one pure function `(state, batch, rng) -> (state, metrics)`, jitted once
 with explicit shardings and the state donated. Dropout randomness is
 `fold_in(rng, state.step)`, so a resumed run repeats the uninterrupted one exactly.
+`setup` builds the model, optimizer, abstract sharded state and steps of a config, for
+training and the ahead-of-time check alike.
 
 Resume order (first that applies): a checkpoint in `<workdir>/checkpoints`, else
 `config.resume_from` (a full train state: params, optimizer, step), else
@@ -16,10 +18,8 @@ import functools
 import json
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -34,6 +34,7 @@ from bert_jax import checkpointing, metrics, optim, sharding
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import pretraining_loss
+from bert_jax.train_state import TrainState, sharded_state, state_shardings
 
 BATCH_KEYS = (
     "input_ids",
@@ -44,12 +45,6 @@ BATCH_KEYS = (
     "masked_lm_weights",
     "next_sentence_labels",
 )
-
-
-class TrainState(flax.struct.PyTreeNode):
-    step: jax.Array  # number of train steps (micro-batches) taken
-    params: Any
-    opt_state: Any
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> BertConfig:
@@ -83,18 +78,9 @@ def _apply(model, params, batch, **kwargs):
     )
 
 
-def init_train_state(model, tx, batch, rng) -> TrainState:
-    """A fresh state; params and optimizer moments keep the model's axis-name boxes."""
-    params = model.init(rng, *(batch[k] for k in BATCH_KEYS[:4]))["params"]
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-
-
-def state_shardings(model, tx, mesh, batch, rules=sharding.DEFAULT_RULES):
-    """(abstract unboxed state, its shardings) without allocating anything."""
-    init = functools.partial(init_train_state, model, tx, batch)
-    abstract = jax.eval_shape(init, jax.random.key(0))
-    shardings = nn.unbox(sharding.shardings_of(abstract, mesh, rules))
-    return nn.unbox(abstract), shardings, init
+def init_inputs(batch: dict[str, jax.Array]) -> list[jax.Array]:
+    """The positional inputs of `BertForPreTraining` in `batch`, as `init` takes them."""
+    return [batch[k] for k in BATCH_KEYS[:4]]
 
 
 def global_norm(tree) -> jax.Array:
@@ -146,6 +132,39 @@ def jit_steps(model, tx, schedule, mesh, shardings, accum_steps: int = 1):
         out_shardings=replicated,
     )
     return step, evaluate
+
+
+class Setup(NamedTuple):
+    """What a run of an experiment config trains, before anything is allocated."""
+
+    model_config: BertConfig
+    model: BertForPreTraining
+    tx: optax.GradientTransformation
+    inputs: list[jax.Array]  # example model inputs: one example of the data's shapes
+    abstract_state: TrainState  # shapes and dtypes (the restore target's)
+    shardings: TrainState  # where every leaf of the state lives on the mesh
+    train_step: Any  # jitted (state, batch, rng) -> (state, metrics), state donated
+    eval_step: Any  # jitted (params, batch) -> metrics
+
+
+def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None) -> Setup:
+    """The model, optimizer, abstract sharded state and jitted steps of `config` on `mesh`.
+
+    Training and the ahead-of-time check (`experiments.aot_compile`) both build from here,
+    so the check compiles exactly the steps that training runs.
+    """
+    cfg = model_config(config, vocab_size)
+    model = BertForPreTraining(cfg)
+    accum = config.optimizer.get("grad_accum_steps", 1)
+    tx = optim.make_optimizer(config.optimizer, config.num_train_steps // accum)
+    schedule = optim.learning_rate_schedule(config.optimizer, config.num_train_steps // accum)
+    data = config.data
+    # Param shapes do not depend on the batch: init on one example, not a global batch that
+    # the init closure would keep alive on device 0 for the whole run.
+    inputs = init_inputs(example_batch(1, data.max_seq_length, data.max_predictions_per_seq))
+    abstract_state, shardings = state_shardings(model, tx, mesh, inputs)
+    step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum)
+    return Setup(cfg, model, tx, inputs, abstract_state, shardings, step_fn, eval_fn)
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -252,33 +271,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     from data_pipelines.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(config.data.vocab_file, do_lower_case=config.data.do_lower_case)
-    cfg = model_config(config, tokenizer.vocab_size)
+    mesh = sharding.create_mesh(config.mesh_shape)
+    run = setup(config, mesh, tokenizer.vocab_size)
+    cfg, shardings = run.model_config, run.shardings
     if cfg.vocab_size < tokenizer.vocab_size:
         raise ValueError(
             f"config.model.vocab_size {cfg.vocab_size} < {tokenizer.vocab_size} tokens in "
             f"{config.data.vocab_file}"
         )
-    mesh = sharding.create_mesh(config.mesh_shape)
-    model = BertForPreTraining(cfg)
-    accum = config.optimizer.get("grad_accum_steps", 1)
-    tx = optim.make_optimizer(config.optimizer, config.num_train_steps // accum)
-    schedule = optim.learning_rate_schedule(config.optimizer, config.num_train_steps // accum)
     data = config.data
-    # Param shapes do not depend on the batch: init on one example, not a global batch that
-    # the init closure would keep alive on device 0 for the whole run.
-    batch = example_batch(1, data.max_seq_length, data.max_predictions_per_seq)
-    abstract_state, shardings, init = state_shardings(model, tx, mesh, batch)
-    step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum)
+    step_fn, eval_fn = run.train_step, run.eval_step
 
-    state, position, source = _restore(config, workdir, abstract_state, shardings)
-    if state is None:
+    state, position, source = _restore(config, workdir, run.abstract_state, shardings)
+    if state is None and config.init_from:
+        params = _load_init_params(config.init_from, cfg, run.abstract_state.params)
+        state, _ = sharded_state(run.model, run.tx, mesh, run.inputs, params=params)
+        source = f"init_from {config.init_from} (params only)"
+    elif state is None:
         rng = jax.random.key(config.seed)
-        state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)(rng)
+        state, _ = sharded_state(run.model, run.tx, mesh, run.inputs, rng=rng)
         source = "scratch"
-        if config.init_from:
-            params = _load_init_params(config.init_from, cfg, abstract_state.params)
-            state = state.replace(params=jax.device_put(params, shardings.params))
-            source = f"init_from {config.init_from} (params only)"
     logging.info("train state from %s; mesh %s", source, dict(mesh.shape))
 
     mask_config = _masking_config(config, tokenizer)

@@ -204,33 +204,19 @@ def steps_to_train(config) -> int:
 def compile_steps(config, devices):
     """Lowers and compiles the config's train and eval steps for `devices`.
 
+    The steps, state and shardings are `train.setup`'s: what `experiments.pretrain` runs.
+
     Returns (compiled train step, compiled eval step, mesh, model config).
     """
     import jax
 
-    from bert_jax import optim, sharding, train
-    from bert_jax.heads import BertForPreTraining
+    from bert_jax import checkpointing, sharding, train
 
-    cfg = train.model_config(config)
     mesh = sharding.create_mesh(config.mesh_shape, devices=devices)
-    model = BertForPreTraining(cfg)
-    accum = config.optimizer.get("grad_accum_steps", 1)
-    tx = optim.make_optimizer(config.optimizer, config.num_train_steps // accum)
-    schedule = optim.learning_rate_schedule(config.optimizer, config.num_train_steps // accum)
+    run = train.setup(config, mesh)
+    state = checkpointing.abstract_like(run.abstract_state, run.shardings)
     data = config.data
     seq_len, predictions = data.max_seq_length, data.max_predictions_per_seq
-    # Parameter shapes do not depend on the batch: initialise from a one-example batch.
-    abstract_state, shardings, _ = train.state_shardings(
-        model, tx, mesh, train.example_batch(1, seq_len, predictions)
-    )
-    step_fn, eval_fn = train.jit_steps(model, tx, schedule, mesh, shardings, accum)
-
-    def with_sharding(tree, shardings_tree):
-        return jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings_tree
-        )
-
-    state = with_sharding(abstract_state, shardings)
     batch_shapes = jax.eval_shape(
         functools.partial(train.example_batch, config.global_batch_size, seq_len, predictions)
     )
@@ -241,9 +227,9 @@ def compile_steps(config, devices):
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     rng = jax.ShapeDtypeStruct((), jax.eval_shape(jax.random.key, 0).dtype, sharding=replicated)
     with sharding.activation_context(mesh):
-        compiled_train = step_fn.lower(state, batch, rng).compile()
-        compiled_eval = eval_fn.lower(state.params, batch).compile()
-    return compiled_train, compiled_eval, mesh, cfg
+        compiled_train = run.train_step.lower(state, batch, rng).compile()
+        compiled_eval = run.eval_step.lower(state.params, batch).compile()
+    return compiled_train, compiled_eval, mesh, run.model_config
 
 
 def check(config, topology: str) -> FitReport:

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
@@ -41,6 +42,7 @@ from bert_jax import distill, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForSequenceClassification
+from bert_jax.train_state import sharded_state
 from data_pipelines import cli
 from data_pipelines.tasks.classification_features import encode_sentences
 from data_pipelines.tasks.sentence_tasks import load_sentence_task
@@ -111,9 +113,7 @@ def train_student(
         weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
     )  # fmt: skip
     sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
-    # create_state donates its input: hand it a copy, the next run starts from the same init.
-    params = jax.tree.map(np.array, params)
-    state, shardings = common.create_state(student, params, tx, mesh, sample)
+    state, shardings = sharded_state(student, tx, mesh, sample, params=params)
 
     batch_sharding = sharding.batch_sharding(mesh)
     in_step = alpha > 0 and config.teacher_logits == "step"
@@ -246,8 +246,12 @@ def distill_classifier(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if common.steps_per_epoch(len(features["train"]), config.train_batch_size) == 0:
         raise ValueError(f"{len(features['train'])} training examples < train_batch_size")
     sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
-    teacher_params, teacher_shardings = distill.shard_params(teacher, teacher_np, mesh, sample)
-    del teacher_np
+    # Sharded as a fine-tuned model of its size would be; it is never updated.
+    frozen, frozen_shardings = sharded_state(
+        teacher, optax.identity(), mesh, sample, params=teacher_np
+    )
+    teacher_params, teacher_shardings = frozen.params, frozen_shardings.params
+    del teacher_np, frozen
 
     results = {"task": config.task, "teacher_path": path, "teacher": {
         "params": distill.param_count(teacher_params), "config": teacher_config}}  # fmt: skip

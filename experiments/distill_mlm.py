@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
@@ -39,6 +40,7 @@ from bert_jax.config import BertConfig
 from bert_jax.convert.names import HEAD_SPECS
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import weighted_cross_entropy
+from bert_jax.train_state import sharded_state
 from data_pipelines import cli, input_pipeline
 
 BATCH_KEYS = (
@@ -122,12 +124,16 @@ def distill_mlm(config: ml_collections.ConfigDict, workdir: str) -> dict:
     common.check_batch_size(config.global_batch_size, mesh, "global_batch_size")
     t, p = config.max_seq_length, config.max_predictions_per_seq
     sample = [jnp.zeros((1, t), jnp.int32)] * 3 + [jnp.zeros((1, p), jnp.int32)]
-    teacher_params, teacher_shardings = distill.shard_params(teacher, teacher_np, mesh, sample)
+    # Sharded as a trained model of its size would be; it is never updated.
+    frozen, frozen_shardings = sharded_state(
+        teacher, optax.identity(), mesh, sample, params=teacher_np
+    )
+    teacher_params, teacher_shardings = frozen.params, frozen_shardings.params
     tx, schedule = common.make_optimizer(
         config.learning_rate, config.num_train_steps,
         warmup_proportion=config.warmup_proportion, weight_decay=config.weight_decay,
     )  # fmt: skip
-    state, shardings = common.create_state(student, params, tx, mesh, sample)
+    state, shardings = sharded_state(student, tx, mesh, sample, params=params)
     batch_sharding = sharding.batch_sharding(mesh)
     step_fn = jax.jit(
         functools.partial(
@@ -148,7 +154,7 @@ def distill_mlm(config: ml_collections.ConfigDict, workdir: str) -> dict:
                "teacher_params": distill.param_count(teacher_params),
                "student_params": distill.param_count(params),
                "student_config": student_config}  # fmt: skip
-    del params, teacher_np
+    del params, teacher_np, frozen
     rng = jax.random.key(config.seed)
     pending = []
     with (

@@ -42,6 +42,7 @@ from bert_jax import eval_metrics, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForSequenceClassification
+from bert_jax.train_state import TrainState, sharded_state
 from data_pipelines import cli
 from data_pipelines.tasks import glue
 from data_pipelines.tasks.classification_features import SentenceFeatures, encode_sentences
@@ -58,7 +59,7 @@ def loss_fn(logits: jax.Array, labels: jax.Array, regression: bool) -> jax.Array
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
 
 
-def train_step(state: common.FinetuneState, batch, rng, *, model, tx, schedule, regression):
+def train_step(state: TrainState, batch, rng, *, model, tx, schedule, regression):
     """(state, batch, rng) -> (state, metrics): one AdamW update on the whole model."""
     dropout_rng = jax.random.fold_in(rng, state.step)
 
@@ -75,7 +76,7 @@ def train_step(state: common.FinetuneState, batch, rng, *, model, tx, schedule, 
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {"loss": loss, "learning_rate": schedule(state.step)}
-    return common.FinetuneState(state.step + 1, params, opt_state), metrics
+    return TrainState(state.step + 1, params, opt_state), metrics
 
 
 def predict_step(params, batch, *, model):
@@ -207,7 +208,7 @@ def finetune(
         weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
     )  # fmt: skip
     sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
-    state, shardings = common.create_state(model, params, tx, mesh, sample)
+    state, shardings = sharded_state(model, tx, mesh, sample, params=params)
     del params
 
     batch_sharding = sharding.batch_sharding(mesh)

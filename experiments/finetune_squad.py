@@ -36,6 +36,7 @@ from bert_jax import eval_metrics, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForQuestionAnswering
+from bert_jax.train_state import TrainState, sharded_state
 from data_pipelines import cli
 from data_pipelines.tasks import squad
 from data_pipelines.tasks.squad_predictions import postprocess
@@ -51,7 +52,7 @@ def loss_fn(start_logits, end_logits, start_positions, end_positions) -> jax.Arr
     return jnp.mean(start + end) / 2
 
 
-def train_step(state: common.FinetuneState, batch, rng, *, model, tx, schedule):
+def train_step(state: TrainState, batch, rng, *, model, tx, schedule):
     """(state, batch, rng) -> (state, metrics): one AdamW update on the whole model."""
     dropout_rng = jax.random.fold_in(rng, state.step)
 
@@ -69,7 +70,7 @@ def train_step(state: common.FinetuneState, batch, rng, *, model, tx, schedule):
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {"loss": loss, "learning_rate": schedule(state.step)}
-    return common.FinetuneState(state.step + 1, params, opt_state), metrics
+    return TrainState(state.step + 1, params, opt_state), metrics
 
 
 def predict_step(params, batch, *, model):
@@ -149,7 +150,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
         weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
     )  # fmt: skip
     sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
-    state, shardings = common.create_state(model, params, tx, mesh, sample)
+    state, shardings = sharded_state(model, tx, mesh, sample, params=params)
     del params
 
     data = sharding.batch_sharding(mesh)

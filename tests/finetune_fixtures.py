@@ -19,9 +19,10 @@ import jax
 import numpy as np
 import optax
 
-from bert_jax import checkpointing, convert, train
+from bert_jax import checkpointing, convert
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
+from bert_jax.train_state import TrainState
 
 TINY = BertConfig(
     vocab_size=30522,
@@ -106,7 +107,7 @@ def write_train_state(workdir: Path, params: dict) -> Path:
     import jax.numpy as jnp
 
     tx = optax.adamw(1e-3)
-    state = train.TrainState(jnp.asarray(5, jnp.int32), params, tx.init(params))
+    state = TrainState(jnp.asarray(5, jnp.int32), params, tx.init(params))
     experiment = {
         "model": {"preset": "tiny", "hidden_size": 32, "num_hidden_layers": 2,
                   "num_attention_heads": 2, "intermediate_size": 64,

@@ -38,17 +38,18 @@ def optimizer_config() -> ml_collections.ConfigDict:
 
 
 def setup(mesh, model_config, seq_len: int, predictions: int):
-    """(model, optimizer, schedule, abstract state, state shardings, init fn) on `mesh`."""
+    """(model, optimizer, schedule, example inputs, abstract state, state shardings) on `mesh`."""
     from bert_jax import optim, train
     from bert_jax.heads import BertForPreTraining
+    from bert_jax.train_state import state_shardings
 
     model = BertForPreTraining(model_config)
     config = optimizer_config()
     tx = optim.make_optimizer(config, 20)
     schedule = optim.learning_rate_schedule(config, 20)
-    example = train.example_batch(BATCH_SIZE, seq_len, predictions)
-    abstract, shardings, init = train.state_shardings(model, tx, mesh, example)
-    return model, tx, schedule, abstract, shardings, init
+    inputs = train.init_inputs(train.example_batch(BATCH_SIZE, seq_len, predictions))
+    abstract, shardings = state_shardings(model, tx, mesh, inputs)
+    return model, tx, schedule, inputs, abstract, shardings
 
 
 def process_rows(mesh) -> slice:
@@ -66,14 +67,13 @@ def process_rows(mesh) -> slice:
 
 def run_trajectory(mesh, batches: list[dict[str, np.ndarray]], model_config):
     """Trains one step per global batch from a seed-0 init; returns (losses, state)."""
-    import flax.linen as nn
-
     from bert_jax import sharding, train
+    from bert_jax.train_state import sharded_state
 
     seq_len = batches[0]["input_ids"].shape[1]
     predictions = batches[0]["masked_lm_positions"].shape[1]
-    model, tx, schedule, _, shardings, init = setup(mesh, model_config, seq_len, predictions)
-    state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)(jax.random.key(0))
+    model, tx, schedule, inputs, _, _ = setup(mesh, model_config, seq_len, predictions)
+    state, shardings = sharded_state(model, tx, mesh, inputs, rng=jax.random.key(0))
     step_fn, _ = train.jit_steps(model, tx, schedule, mesh, shardings)
     rows = process_rows(mesh)
     losses = []

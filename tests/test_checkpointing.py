@@ -6,7 +6,6 @@ import logging
 import os
 import shutil
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -16,6 +15,7 @@ import synthetic_pretraining as synth
 
 from bert_jax import checkpointing, optim, sharding, train
 from bert_jax.heads import BertForPreTraining
+from bert_jax.train_state import sharded_state, state_shardings
 from experiments.configs import bert_tiny_cpu
 
 # One layer and a small vocabulary keep the sharded inits cheap; every sharded dimension
@@ -31,10 +31,13 @@ def _optimizer():
     return optim.make_optimizer(config, 10)
 
 
+def _inputs():
+    return train.init_inputs(train.example_batch(8, synth.SEQ_LEN, synth.PREDICTIONS))
+
+
 def _abstract(mesh):
-    """(abstract state, its shardings on `mesh`, init fn)."""
-    batch = train.example_batch(8, synth.SEQ_LEN, synth.PREDICTIONS)
-    return train.state_shardings(BertForPreTraining(MODEL), _optimizer(), mesh, batch)
+    """(abstract state, its shardings on `mesh`)."""
+    return state_shardings(BertForPreTraining(MODEL), _optimizer(), mesh, _inputs())
 
 
 def _distinct(state):
@@ -60,9 +63,9 @@ def _experiment_config():
 def _save_state(mesh_shape, directory):
     """Writes a born-sharded state from `mesh_shape`; returns it as numpy arrays."""
     mesh = sharding.create_mesh(mesh_shape)
-    _, shardings, init = _abstract(mesh)
-    make = jax.jit(lambda r: _distinct(nn.unbox(init(r))), out_shardings=shardings)
-    state = make(jax.random.key(0))
+    model, rng = BertForPreTraining(MODEL), jax.random.key(0)
+    state, shardings = sharded_state(model, _optimizer(), mesh, _inputs(), rng=rng)
+    state = jax.jit(_distinct, out_shardings=shardings)(state)
     manager = checkpointing.make_manager(directory)  # async, as in training
     config_json = checkpointing.config_to_json(_experiment_config())
     assert checkpointing.save(manager, STEP, state, POSITIONS, config_json)
@@ -93,7 +96,7 @@ TARGETS = {
 def test_restores_onto_another_mesh_shape_and_device_count(checkpoints, source, target):
     directory, saved = checkpoints[source]
     mesh = TARGETS[target]()
-    abstract, shardings, _ = _abstract(mesh)
+    abstract, shardings = _abstract(mesh)
     manager = checkpointing.make_manager(directory, async_save=False)
     state, positions, _ = checkpointing.restore(
         manager, None, checkpointing.abstract_like(abstract, shardings)
@@ -119,7 +122,7 @@ def test_restores_onto_another_mesh_shape_and_device_count(checkpoints, source, 
 def test_restore_params_reads_only_the_params(checkpoints, with_shardings):
     directory, saved = checkpoints["fsdp8"]
     mesh = sharding.create_mesh((1, 1, 1), jax.devices()[:1])
-    abstract, shardings, _ = _abstract(mesh)
+    abstract, shardings = _abstract(mesh)
     # train.py passes the plain abstract params (no shardings) for `init_from`.
     target = (
         checkpointing.abstract_like(abstract.params, shardings.params)
@@ -141,7 +144,7 @@ def test_restore_params_never_reads_the_optimizer_state(checkpoints, tmp_path):
     manager = checkpointing.make_manager(str(tmp_path / "other"), async_save=False)
     checkpointing.save(manager, 3, other, POSITIONS, {})
     manager.close()
-    abstract, _, _ = _abstract(sharding.create_mesh((1, 1, 1), jax.devices()[:1]))
+    abstract, _ = _abstract(sharding.create_mesh((1, 1, 1), jax.devices()[:1]))
     params, _ = checkpointing.restore_params(str(tmp_path / "other"), abstract.params)
     for (path, leaf), want in zip(
         jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(saved.params), strict=True

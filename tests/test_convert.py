@@ -6,7 +6,6 @@ checkpoints are written here with `tf.compat.v1.train.Saver` under Google's vari
 which this file spells out on its own (not through `bert_jax.convert.names`).
 """
 
-import functools
 import importlib.util
 import json
 import logging
@@ -698,11 +697,14 @@ def test_pretraining_checkpoint_exports_to_transformers(tmp_path):
     import optax
 
     from bert_jax import checkpointing, train
+    from bert_jax.train_state import TrainState
 
     config = BertConfig.from_preset("tiny", vocab_size=TINY["vocab_size"], scan_layers=True)
     model = BertForPreTraining(config)
-    init = functools.partial(train.init_train_state, model, optax.adamw(1e-3))
-    state = jax.jit(init)(train.example_batch(2, 8, 2), jax.random.key(3))  # boxed params
+    tx = optax.adamw(1e-3)
+    inputs = train.init_inputs(train.example_batch(2, 8, 2))
+    params = jax.jit(lambda r: model.init(r, *inputs)["params"])(jax.random.key(3))  # boxed
+    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
     experiment = {"model": {"preset": "tiny", "vocab_size": None, "scan_layers": True}}
     manager = checkpointing.make_manager(tmp_path / "workdir" / "checkpoints", async_save=False)
     checkpointing.save(manager, 7, state, [{}], experiment)

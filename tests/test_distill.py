@@ -23,6 +23,7 @@ from bert_jax import distill
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining, BertForSequenceClassification
+from bert_jax.train_state import TrainState
 
 REPO = Path(__file__).parent.parent
 GLUE_DIR = Path(__file__).parent / "fixtures" / "tasks" / "glue"
@@ -144,8 +145,7 @@ def pair():
     batch["labels"] = np.asarray(logits.argmax(-1), np.int32)
 
     def fresh_state():
-        return common.FinetuneState(jnp.zeros((), jnp.int32), student_params,
-                                    tx.init(student_params))  # fmt: skip
+        return TrainState(jnp.zeros((), jnp.int32), student_params, tx.init(student_params))
 
     return teacher, teacher_params, batch, fresh_state, in_step, precomputed
 
@@ -210,7 +210,7 @@ def test_mlm_steps_reduce_the_soft_loss_with_the_cosine_term():
     teacher_params["mlm"]["output_bias"] = jnp.asarray(bias, jnp.float32)
     params = _unboxed_init(student, jax.random.key(0), *inputs)
     tx, schedule = common.make_optimizer(3e-3, 100, warmup_proportion=0.0)
-    state = common.FinetuneState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
     step = jax.jit(functools.partial(distill.mlm_step, student=student, teacher=teacher, tx=tx,
                                      schedule=schedule, temperature=2.0, alpha=0.5,
                                      cosine_weight=1.0))  # fmt: skip

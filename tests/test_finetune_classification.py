@@ -23,6 +23,7 @@ from bert_jax import sharding
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForSequenceClassification
 from bert_jax.model import BertModel
+from bert_jax.train_state import sharded_state
 from data_pipelines.tasks.classification_features import encode_sentences
 from data_pipelines.tasks.sentence_tasks import load_sentence_task
 from data_pipelines.tokenization import load_tokenizer
@@ -82,7 +83,7 @@ def _setup_step(num_labels, lr=1e-3):
     params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x, params,
                           is_leaf=lambda x: hasattr(x, "unbox"))  # fmt: skip
     tx, schedule = common.make_optimizer(lr, 100, warmup_proportion=0.0)
-    state, shardings = common.create_state(model, params, tx, mesh, [ids] * 3)
+    state, shardings = sharded_state(model, tx, mesh, [ids] * 3, params=params)
     step = jax.jit(
         functools.partial(ftc.train_step, model=model, tx=tx, schedule=schedule, regression=False),
         donate_argnums=0,

@@ -15,6 +15,7 @@ from finetune_fixtures import TINY, pretrained_params, write_tf_checkpoint
 from bert_jax import finetune_common as common
 from bert_jax import sharding
 from bert_jax.heads import BertForTokenClassification
+from bert_jax.train_state import sharded_state
 from experiments import finetune_tagging as ftt
 from experiments.configs import finetune_conll
 
@@ -42,7 +43,7 @@ def test_a_few_steps_reduce_the_loss():
         jax.random.key(0)
     )
     tx, schedule = common.make_optimizer(1e-3, 100, warmup_proportion=0.0)
-    state, _ = common.create_state(model, params, tx, mesh, [ids] * 3)
+    state, _ = sharded_state(model, tx, mesh, [ids] * 3, params=params)
     step = jax.jit(functools.partial(ftt.train_step, model=model, tx=tx, schedule=schedule))
     rng = np.random.default_rng(0)
     batch = {

@@ -115,7 +115,7 @@ def test_two_processes_reproduce_the_single_process_losses(runs, mesh_name):
 def _restore(directory):
     """The checkpoint in `directory` restored onto one device of this process."""
     mesh = sharding.create_mesh((1, 1, 1), jax.devices()[:1])
-    *_, abstract, shardings, _ = driver.setup(mesh, MODEL, synth.SEQ_LEN, synth.PREDICTIONS)
+    *_, abstract, shardings = driver.setup(mesh, MODEL, synth.SEQ_LEN, synth.PREDICTIONS)
     manager = checkpointing.make_manager(directory, async_save=False)
     try:
         assert manager.latest_step() == driver.STEPS

@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -13,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 from bert_jax import sharding
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
+from bert_jax.train_state import sharded_state
 
 # Every sharded dimension divides by 8: heads 8, mlp 256, vocab 1024, embed 64.
 CONFIG = BertConfig(
@@ -78,12 +80,11 @@ def test_sharded_forward_equals_single_device(mesh_shape, kernel_spec):
     model = BertForPreTraining(CONFIG)
     batch = _inputs()
 
-    # Params born sharded from the model's logical names, then filled with the reference
-    # values so that both runs use identical weights.
-    init = functools.partial(model.init, jax.random.key(0))
+    # A state born sharded from the model's logical names, holding the reference values so
+    # that both runs use identical weights.
     args = [jnp.asarray(v) for v in batch.values()]
-    _, shardings = sharding.init_sharded(init, mesh, *args)
-    params = jax.device_put({"params": params_host}, shardings)["params"]
+    state, _ = sharded_state(model, optax.identity(), mesh, args, params=params_host)
+    params = state.params
     kernel = params["bert"]["encoder"]["layer_0"]["intermediate"]["kernel"]
     # Mesh axes of size 1 may appear in the spec; what matters is the layout it implies.
     assert kernel.sharding.is_equivalent_to(NamedSharding(mesh, kernel_spec), kernel.ndim)

@@ -12,6 +12,7 @@ import synthetic_pretraining as synth
 
 from bert_jax import optim, sharding, train
 from bert_jax.heads import BertForPreTraining
+from bert_jax.train_state import sharded_state
 from experiments.configs import bert_tiny_cpu
 
 
@@ -112,12 +113,8 @@ def test_adamw_bias_corrected_matches_torch_adamw():
 
 
 def test_weight_decay_skips_layer_norm_and_biases():
-    params = train.init_train_state(
-        BertForPreTraining(synth.TINY),
-        optax.identity(),
-        train.example_batch(2, synth.SEQ_LEN, synth.PREDICTIONS),
-        jax.random.key(0),
-    ).params
+    inputs = train.init_inputs(train.example_batch(2, synth.SEQ_LEN, synth.PREDICTIONS))
+    params = BertForPreTraining(synth.TINY).init(jax.random.key(0), *inputs)["params"]
     mask = jax.tree_util.tree_flatten_with_path(optim.decay_mask(nn.unbox(params)))[0]
     decayed = {jax.tree_util.keystr(path) for path, on in mask if on}
     skipped = {jax.tree_util.keystr(path) for path, on in mask if not on}
@@ -176,9 +173,8 @@ def _trajectory(mesh_shape, devices=None):
     config = _optimizer_config(learning_rate=5e-3)
     tx = optim.make_optimizer(config, 20)
     schedule = optim.learning_rate_schedule(config, 20)
-    batch = train.example_batch(8, synth.SEQ_LEN, synth.PREDICTIONS)
-    _, shardings, init = train.state_shardings(model, tx, mesh, batch)
-    state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)(jax.random.key(0))
+    inputs = train.init_inputs(train.example_batch(8, synth.SEQ_LEN, synth.PREDICTIONS))
+    state, shardings = sharded_state(model, tx, mesh, inputs, rng=jax.random.key(0))
     step_fn, _ = train.jit_steps(model, tx, schedule, mesh, shardings)
     losses = []
     with sharding.activation_context(mesh):

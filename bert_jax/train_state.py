@@ -1,0 +1,99 @@
+"""The train state and the one way to build it sharded.
+
+Pretraining, fine-tuning and distillation all train a `TrainState`. It is built by
+`sharded_state`: `jax.eval_shape` of the model's init finds every leaf's shape and logical
+axis names without allocating anything, the rule table turns the names into shardings, and
+a jitted init writes each shard straight onto its devices (params born sharded). The same
+abstract state (`state_shardings`) is the restore target of a checkpoint and what the
+ahead-of-time check compiles.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from bert_jax import sharding
+
+
+class TrainState(flax.struct.PyTreeNode):
+    step: jax.Array  # optimizer updates taken (pretraining: micro-batches)
+    params: Any
+    opt_state: Any
+
+
+def _boxed_state(model: nn.Module, tx: optax.GradientTransformation, inputs, rng) -> TrainState:
+    """A fresh state; params and optimizer moments keep the model's axis-name boxes."""
+    params = model.init(rng, *inputs)["params"]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def state_shardings(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    mesh: jax.sharding.Mesh,
+    inputs: Sequence[jax.Array],
+    rules=sharding.DEFAULT_RULES,
+) -> tuple[TrainState, TrainState]:
+    """(abstract unboxed state, its shardings) without allocating anything.
+
+    Args:
+        inputs: example positional inputs of `model` (one example will do: the params'
+            shapes do not depend on the batch).
+    """
+    abstract = jax.eval_shape(functools.partial(_boxed_state, model, tx, inputs), jax.random.key(0))
+    return nn.unbox(abstract), nn.unbox(sharding.shardings_of(abstract, mesh, rules))
+
+
+def sharded_state(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    mesh: jax.sharding.Mesh,
+    inputs: Sequence[jax.Array],
+    *,
+    rng: jax.Array | None = None,
+    params: Any = None,
+    rules=sharding.DEFAULT_RULES,
+) -> tuple[TrainState, TrainState]:
+    """(a train state at step 0 born sharded on `mesh`, its shardings).
+
+    Args:
+        inputs: example positional inputs of `model` (see `state_shardings`).
+        rng: initialises the params with `model.init` (give `rng` or `params`).
+        params: the params to start from instead (host or device arrays in the model's
+            structure, e.g. a pretrained encoder under a fresh head). They are copied, never
+            donated: the caller's arrays stay valid (a second run can start from them).
+
+    The optimizer state is fresh. A frozen model (a distillation teacher) is placed with
+    `optax.identity()`: its params are sharded exactly as a trained model's would be.
+    """
+    if (rng is None) == (params is None):
+        raise ValueError("sharded_state takes one of rng and params")
+    _, shardings = state_shardings(model, tx, mesh, inputs, rules)
+    if rng is not None:
+        # No ambient mesh here: flax would then constrain DenseGeneral's flat (pre-reshape)
+        # kernels with the full-rank names; `out_shardings` already places every leaf.
+        init = functools.partial(_boxed_state, model, tx, inputs)
+        return jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)(rng), shardings
+    expected = jax.tree.structure(shardings.params)
+    if jax.tree.structure(params) != expected:
+        raise ValueError(
+            f"params do not have the structure of {type(model).__name__}: "
+            f"{jax.tree.structure(params)} vs {expected}"
+        )
+    # Device arrays are copied first: `device_put` may hand back their own buffers (a shard
+    # already on its device), which the donation below would free under the caller.
+    params = jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, params)
+    init = jax.jit(
+        lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)),
+        out_shardings=shardings,
+        donate_argnums=0,
+    )
+    return init(jax.device_put(params, shardings.params)), shardings
