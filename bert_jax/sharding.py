@@ -2,8 +2,10 @@
 
 The model names its axes (`batch length embed heads kv mlp vocab layers`); this module
 maps those names onto a `('data', 'fsdp', 'tensor')` mesh. Switching between data
-parallelism, FSDP and tensor parallelism is a change of mesh shape (and, rarely, of
-rules) in the experiment config, never a change of model code.
+parallelism, FSDP and tensor parallelism is a change of mesh shape and, where the default
+table does not say what is wanted, of `config.sharding_rules` in the experiment config:
+never a change of model code. The batch of every step is placed by the table's `batch`
+rule too.
 """
 
 from __future__ import annotations
@@ -35,6 +37,29 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("kv", None),
     ("layers", None),
 )
+
+
+def rules_of(config) -> tuple[tuple[str, Any], ...]:
+    """The rule table of an experiment config: `config.sharding_rules`, else DEFAULT_RULES.
+
+    The config lists (logical axis, mesh axes) pairs as DEFAULT_RULES does; the mesh axes
+    are one name, a sequence of names or None. A name that is no mesh axis is refused,
+    naming the entry.
+    """
+    table = config.get("sharding_rules")
+    if table is None:
+        return DEFAULT_RULES
+    rules = []
+    for logical, axes in table:
+        if axes is not None and not isinstance(axes, str):
+            axes = tuple(axes)
+        named = () if axes is None else (axes,) if isinstance(axes, str) else axes
+        if not set(named) <= set(MESH_AXES):
+            raise ValueError(
+                f"config.sharding_rules: {logical!r} -> {axes!r} names no mesh axis of {MESH_AXES}"
+            )
+        rules.append((logical, axes))
+    return tuple(rules)
 
 
 def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
@@ -92,14 +117,17 @@ def activation_context(mesh: Mesh, rules=DEFAULT_RULES):
         yield
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Examples split over the data and fsdp axes, replicated over tensor."""
-    return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+def batch_sharding(mesh: Mesh, rules=DEFAULT_RULES) -> NamedSharding:
+    """Where the examples of a batch go: the `batch` rule (by default over data x fsdp,
+    replicated over tensor)."""
+    return logical_to_shardings(PartitionSpec("batch"), mesh, rules)
 
 
-def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-    """This host's slice of a batch -> global `jax.Array`s sharded over data x fsdp."""
-    sharding = batch_sharding(mesh)
+def global_batch(
+    local_batch: dict[str, np.ndarray], mesh: Mesh, rules=DEFAULT_RULES
+) -> dict[str, jax.Array]:
+    """This host's slice of a batch -> global `jax.Array`s placed by the `batch` rule."""
+    sharding = batch_sharding(mesh, rules)
     return {
         k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
         for k, v in local_batch.items()

@@ -113,10 +113,12 @@ def eval_step(params, batch, *, model):
     return step_metrics
 
 
-def jit_steps(model, tx, schedule, mesh, shardings, accum_steps: int = 1):
+def jit_steps(
+    model, tx, schedule, mesh, shardings, accum_steps: int = 1, rules=sharding.DEFAULT_RULES
+):
     """The jitted train and eval steps with explicit in/out shardings."""
     replicated = NamedSharding(mesh, PartitionSpec())
-    data = sharding.batch_sharding(mesh)
+    data = sharding.batch_sharding(mesh, rules)
     batch_shardings = {k: data for k in BATCH_KEYS}
     step = jax.jit(
         functools.partial(
@@ -145,6 +147,7 @@ class Setup(NamedTuple):
     shardings: TrainState  # where every leaf of the state lives on the mesh
     train_step: Any  # jitted (state, batch, rng) -> (state, metrics), state donated
     eval_step: Any  # jitted (params, batch) -> metrics
+    rules: tuple  # the logical-axis rule table (`config.sharding_rules`)
 
 
 def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None) -> Setup:
@@ -162,9 +165,10 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
     # Param shapes do not depend on the batch: init on one example, not a global batch that
     # the init closure would keep alive on device 0 for the whole run.
     inputs = init_inputs(example_batch(1, data.max_seq_length, data.max_predictions_per_seq))
-    abstract_state, shardings = state_shardings(model, tx, mesh, inputs)
-    step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum)
-    return Setup(cfg, model, tx, inputs, abstract_state, shardings, step_fn, eval_fn)
+    rules = sharding.rules_of(config)
+    abstract_state, shardings = state_shardings(model, tx, mesh, inputs, rules)
+    step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum, rules)
+    return Setup(cfg, model, tx, inputs, abstract_state, shardings, step_fn, eval_fn, rules)
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -285,11 +289,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state, position, source = _restore(config, workdir, run.abstract_state, shardings)
     if state is None and config.init_from:
         params = _load_init_params(config.init_from, cfg, run.abstract_state.params)
-        state, _ = sharded_state(run.model, run.tx, mesh, run.inputs, params=params)
+        state, _ = sharded_state(
+            run.model, run.tx, mesh, run.inputs, params=params, rules=run.rules
+        )
         source = f"init_from {config.init_from} (params only)"
     elif state is None:
         rng = jax.random.key(config.seed)
-        state, _ = sharded_state(run.model, run.tx, mesh, run.inputs, rng=rng)
+        state, _ = sharded_state(run.model, run.tx, mesh, run.inputs, rng=rng, rules=run.rules)
         source = "scratch"
     logging.info("train state from %s; mesh %s", source, dict(mesh.shape))
 
@@ -323,7 +329,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         )
         totals = []
         for _ in range(config.eval_steps):
-            totals.append(eval_fn(state.params, sharding.global_batch(next(eval_data), mesh)))
+            totals.append(
+                eval_fn(state.params, sharding.global_batch(next(eval_data), mesh, run.rules))
+            )
         result = {k: float(np.mean([t[k] for t in totals])) for k in totals[0]}
         writer.write(step, result, prefix="eval")
         logging.info("eval at step %d: %s", step, _fmt(result))
@@ -338,11 +346,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     progress = tqdm(total=stop, initial=start, disable=jax.process_index() != 0, desc="pretrain")
     timer = (time.perf_counter(), start)
     try:
-        with sharding.activation_context(mesh):
+        with sharding.activation_context(mesh, run.rules):
             if start == 0:
                 evaluate(0)
             for step in range(start + 1, stop + 1):
-                inputs = sharding.global_batch(next(train_data), mesh)
+                inputs = sharding.global_batch(next(train_data), mesh, run.rules)
                 state, step_metrics = step_fn(state, inputs, rng)
                 pending.append((step, step_metrics))
                 progress.update(1)

@@ -220,13 +220,13 @@ def compile_steps(config, devices):
     batch_shapes = jax.eval_shape(
         functools.partial(train.example_batch, config.global_batch_size, seq_len, predictions)
     )
-    batch_sharding = sharding.batch_sharding(mesh)
+    batch_sharding = sharding.batch_sharding(mesh, run.rules)
     batch = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding), batch_shapes
     )
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     rng = jax.ShapeDtypeStruct((), jax.eval_shape(jax.random.key, 0).dtype, sharding=replicated)
-    with sharding.activation_context(mesh):
+    with sharding.activation_context(mesh, run.rules):
         compiled_train = run.train_step.lower(state, batch, rng).compile()
         compiled_eval = run.eval_step.lower(state.params, batch).compile()
     return compiled_train, compiled_eval, mesh, run.model_config

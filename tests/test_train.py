@@ -5,10 +5,12 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
 import synthetic_pretraining as synth
+from jax.sharding import PartitionSpec as P
 
 from bert_jax import optim, sharding, train
 from bert_jax.heads import BertForPreTraining
@@ -167,19 +169,20 @@ def test_lamb_trust_ratio_scales_per_layer():
 STEPS = 5
 
 
-def _trajectory(mesh_shape, devices=None):
+def _trajectory(mesh_shape, devices=None, rules=sharding.DEFAULT_RULES):
     mesh = sharding.create_mesh(mesh_shape, devices)
     model = BertForPreTraining(synth.TINY)
     config = _optimizer_config(learning_rate=5e-3)
     tx = optim.make_optimizer(config, 20)
     schedule = optim.learning_rate_schedule(config, 20)
     inputs = train.init_inputs(train.example_batch(8, synth.SEQ_LEN, synth.PREDICTIONS))
-    state, shardings = sharded_state(model, tx, mesh, inputs, rng=jax.random.key(0))
-    step_fn, _ = train.jit_steps(model, tx, schedule, mesh, shardings)
+    state, shardings = sharded_state(model, tx, mesh, inputs, rng=jax.random.key(0), rules=rules)
+    step_fn, _ = train.jit_steps(model, tx, schedule, mesh, shardings, rules=rules)
     losses = []
-    with sharding.activation_context(mesh):
+    with sharding.activation_context(mesh, rules):
         for step in range(STEPS):
-            global_batch = sharding.global_batch(synth.random_batch(8, seed=step), mesh)
+            batch = synth.random_batch(8, seed=step)
+            global_batch = sharding.global_batch(batch, mesh, rules)
             state, metrics = step_fn(state, global_batch, jax.random.key(1))
             losses.append(float(metrics["loss"]))
     kernel = state.params["bert"]["encoder"]["layer_1"]["intermediate"]["kernel"]
@@ -202,3 +205,52 @@ def test_five_steps_on_a_mesh_equal_the_single_device_run(mesh_shape):
     np.testing.assert_allclose(kernel, kernel_ref, rtol=1e-4, atol=1e-6)
     if mesh_shape[1] > 1 or mesh_shape[2] > 1:  # the state really is split
         assert kernel_sharding.shard_shape(kernel.shape) != kernel.shape
+
+
+# One (2, 2, 2) mesh, three ways to use it, switched by `config.sharding_rules` alone:
+# (rule table, intermediate kernel (embed, mlp) spec, batch spec). Unlisted logical axes
+# stay whole.
+RULE_TABLES = {
+    "dp": (
+        [("batch", ["data", "fsdp", "tensor"])],
+        P(None, None),
+        P(("data", "fsdp", "tensor")),
+    ),
+    "fsdp": (
+        [("batch", ["data", "fsdp", "tensor"]), ("embed", ["fsdp", "tensor"])],
+        P(("fsdp", "tensor"), None),
+        P(("data", "fsdp", "tensor")),
+    ),
+    "tp": (
+        [("batch", "data"), ("heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor")],
+        P(None, "tensor"),
+        P("data"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", RULE_TABLES)
+def test_the_rule_table_in_the_config_switches_dp_fsdp_tp(name):
+    table, kernel_spec, batch_spec = RULE_TABLES[name]
+    config = bert_tiny_cpu.get_config()
+    config.sharding_rules = table
+    mesh = sharding.create_mesh((2, 2, 2))
+    run = train.setup(config, mesh, vocab_size=synth.TINY.vocab_size)
+    kernel = run.shardings.params["bert"]["encoder"]["layer_1"]["intermediate"]["kernel"]
+    assert kernel.spec == kernel_spec
+    assert sharding.batch_sharding(mesh, run.rules).spec == batch_spec
+    # The same five steps as on one device, with the table placing state and batch.
+    losses_ref, kernel_ref, _ = _single_device()
+    losses, kernel, kernel_sharding = _trajectory((2, 2, 2), rules=run.rules)
+    np.testing.assert_allclose(losses, losses_ref, rtol=2e-5)
+    np.testing.assert_allclose(kernel, kernel_ref, rtol=1e-4, atol=1e-6)
+    assert kernel_sharding.spec == kernel_spec
+
+
+def test_a_rule_naming_no_mesh_axis_is_refused():
+    config = ml_collections.ConfigDict({"sharding_rules": [("embed", ["fsdp", "model"])]})
+    with pytest.raises(ValueError, match="'embed' -> .*'model'.* names no mesh axis"):
+        sharding.rules_of(config)
+    assert sharding.rules_of(ml_collections.ConfigDict({"sharding_rules": None})) == (
+        sharding.DEFAULT_RULES
+    )

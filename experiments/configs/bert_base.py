@@ -72,6 +72,10 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.stop_at_step = PHASE1_STEPS if phase == "phase1" else placeholder(int)
     config.start_step = 0 if phase == "phase1" else PHASE1_STEPS  # checked against the restore
     config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): data parallel on every device
+    # Logical axis -> mesh axes; None is bert_jax.sharding.DEFAULT_RULES (batch over data and
+    # fsdp, the weights' embed over fsdp, heads/mlp/vocab over tensor). A list of pairs in
+    # its form changes what each mesh axis splits, e.g. [("batch", "data"), ("mlp", "tensor")].
+    config.sharding_rules = None
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "adamw"  # the original BERT AdamW (no bias correction)

@@ -43,6 +43,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_train_steps = 2_000  # length of the learning-rate schedule
     config.stop_at_step = placeholder(int)  # end of this phase (None: num_train_steps)
     config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 fills the rest
+    # Logical axis -> mesh axes; None is bert_jax.sharding.DEFAULT_RULES (batch over data and
+    # fsdp, the weights' embed over fsdp, heads/mlp/vocab over tensor). A list of pairs in
+    # its form changes what each mesh axis splits, e.g. [("batch", "data"), ("mlp", "tensor")].
+    config.sharding_rules = None
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "adamw"  # the original BERT AdamW ("lamb" for huge batches)
