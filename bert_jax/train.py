@@ -286,6 +286,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     data = config.data
     step_fn, eval_fn = run.train_step, run.eval_step
 
+    # Two streams from the seed: the initialisation and the dropout masks (folded per step).
+    init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
     state, position, source = _restore(config, workdir, run.abstract_state, shardings)
     if state is None and config.init_from:
         params = _load_init_params(config.init_from, cfg, run.abstract_state.params)
@@ -294,8 +296,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         )
         source = f"init_from {config.init_from} (params only)"
     elif state is None:
-        rng = jax.random.key(config.seed)
-        state, _ = sharded_state(run.model, run.tx, mesh, run.inputs, rng=rng, rules=run.rules)
+        state, _ = sharded_state(run.model, run.tx, mesh, run.inputs, rng=init_rng, rules=run.rules)
         source = "scratch"
     logging.info("train state from %s; mesh %s", source, dict(mesh.shape))
 
@@ -337,7 +338,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         logging.info("eval at step %d: %s", step, _fmt(result))
         return result
 
-    rng = jax.random.key(config.seed)
     start = int(state.step)
     stop = config.get("stop_at_step") or config.num_train_steps
     pending: list[tuple[int, dict]] = []
@@ -351,7 +351,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 evaluate(0)
             for step in range(start + 1, stop + 1):
                 inputs = sharding.global_batch(next(train_data), mesh, run.rules)
-                state, step_metrics = step_fn(state, inputs, rng)
+                state, step_metrics = step_fn(state, inputs, dropout_rng)
                 pending.append((step, step_metrics))
                 progress.update(1)
                 if step == start + 1:  # keep compilation out of the throughput figures
