@@ -29,7 +29,6 @@ import optax
 
 from bert_jax.config import BertConfig
 from bert_jax.losses import weighted_cross_entropy
-from bert_jax.train_state import TrainState
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 
@@ -98,7 +97,7 @@ def mlm_loss(
     return loss, {"loss": loss, "soft_loss": soft, "mlm_loss": hard, "mlm_accuracy": accuracy}
 
 
-# --- the jitted steps ---------------------------------------------------------------------
+# --- the train losses ---------------------------------------------------------------------
 
 
 def _mlm_logits_and_states(module, input_ids, input_mask, segment_ids, positions, deterministic):
@@ -117,102 +116,80 @@ def teacher_classifier_logits(teacher: nn.Module, teacher_params: Any, batch) ->
     return jax.lax.stop_gradient(logits.astype(jnp.float32))
 
 
-def classification_step(
-    state: TrainState,
+def classification_train_loss(
+    params: Any,
     batch: Mapping[str, jax.Array],
-    rng: jax.Array,
+    dropout_rng: jax.Array,
     teacher_params: Any,
     *,
     student: nn.Module,
     teacher: nn.Module | None,
-    tx: optax.GradientTransformation,
-    schedule: optax.Schedule,
     temperature: float,
     alpha: float,
-) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One AdamW update of the student on (soft teacher labels, hard labels).
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The student's loss on (soft teacher labels, hard labels): `make_step`'s `loss_fn`.
 
     Args:
-        state: the student's train state (only these params are differentiated).
+        params: the student's params (the only ones differentiated).
         batch: `input_ids input_mask segment_ids labels`, plus `teacher_logits` (B, C)
             when `teacher` is None and alpha > 0 (precomputed soft labels).
-        rng: dropout key, folded with the step.
+        dropout_rng: the student's dropout key.
         teacher_params: the teacher's params (ignored when `teacher` is None).
         student, teacher: sequence classifiers (`bert_jax.heads`) over the same labels.
     """
-    dropout_rng = jax.random.fold_in(rng, state.step)
     if alpha == 0.0:
         teacher_logits = None
     elif teacher is not None:
         teacher_logits = teacher_classifier_logits(teacher, teacher_params, batch)
     else:
         teacher_logits = batch["teacher_logits"]
-
-    def compute_loss(params):
-        logits = student.apply(
-            {"params": params},
-            *(batch[k] for k in INPUT_KEYS),
-            deterministic=False,
-            rngs={"dropout": dropout_rng},
-        )  # (B, C)
-        return classification_loss(
-            logits, teacher_logits, batch["labels"], temperature=temperature, alpha=alpha
-        )
-
-    (_, metrics), grads = jax.value_and_grad(compute_loss, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics["learning_rate"] = schedule(state.step)
-    return TrainState(state.step + 1, params, opt_state), metrics
+    logits = student.apply(
+        {"params": params},
+        *(batch[k] for k in INPUT_KEYS),
+        deterministic=False,
+        rngs={"dropout": dropout_rng},
+    )  # (B, C)
+    return classification_loss(
+        logits, teacher_logits, batch["labels"], temperature=temperature, alpha=alpha
+    )
 
 
-def mlm_step(
-    state: TrainState,
+def mlm_train_loss(
+    params: Any,
     batch: Mapping[str, jax.Array],
-    rng: jax.Array,
+    dropout_rng: jax.Array,
     teacher_params: Any,
     *,
     student: nn.Module,
     teacher: nn.Module,
-    tx: optax.GradientTransformation,
-    schedule: optax.Schedule,
     temperature: float,
     alpha: float,
     cosine_weight: float,
-) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One update of a `BertForPreTraining` student on the teacher's MLM distribution.
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """A `BertForPreTraining` student's loss on the teacher's MLM distribution.
 
     `batch` holds the pretraining features (`input_ids input_mask segment_ids
     masked_lm_positions masked_lm_ids masked_lm_weights`); NSP is not trained, as in
     DistilBERT. With `cosine_weight` > 0 the last hidden states are pulled together too.
     """
-    dropout_rng = jax.random.fold_in(rng, state.step)
     inputs = [batch[k] for k in (*INPUT_KEYS, "masked_lm_positions")]
     frozen = jax.lax.stop_gradient(teacher_params)
     teacher_logits, teacher_states = jax.lax.stop_gradient(
         teacher.apply({"params": frozen}, *inputs, True, method=_mlm_logits_and_states)
     )
-
-    def compute_loss(params):
-        logits, states = student.apply(
-            {"params": params}, *inputs, False, method=_mlm_logits_and_states,
-            rngs={"dropout": dropout_rng},
-        )  # fmt: skip
-        loss, metrics = mlm_loss(
-            logits, teacher_logits, batch["masked_lm_ids"], batch["masked_lm_weights"],
-            temperature=temperature, alpha=alpha,
-        )  # fmt: skip
-        if cosine_weight:
-            cosine = cosine_hidden_loss(states, teacher_states, batch["input_mask"])
-            loss = loss + cosine_weight * cosine
-            metrics |= {"loss": loss, "cosine_loss": cosine}
-        return loss, metrics
-
-    (_, metrics), grads = jax.value_and_grad(compute_loss, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics["learning_rate"] = schedule(state.step)
-    return TrainState(state.step + 1, params, opt_state), metrics
+    logits, states = student.apply(
+        {"params": params}, *inputs, False, method=_mlm_logits_and_states,
+        rngs={"dropout": dropout_rng},
+    )  # fmt: skip
+    loss, metrics = mlm_loss(
+        logits, teacher_logits, batch["masked_lm_ids"], batch["masked_lm_weights"],
+        temperature=temperature, alpha=alpha,
+    )  # fmt: skip
+    if cosine_weight:
+        cosine = cosine_hidden_loss(states, teacher_states, batch["input_mask"])
+        loss = loss + cosine_weight * cosine
+        metrics |= {"loss": loss, "cosine_loss": cosine}
+    return loss, metrics
 
 
 # --- setting up teacher and student -------------------------------------------------------

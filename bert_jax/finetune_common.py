@@ -1,9 +1,8 @@
 """What the fine-tuning scripts share: a pretrained encoder under a fresh head, the
-optimizer of the original recipe, batching, result files (the train state is
-`bert_jax.train_state`'s).
+optimizer of the original recipe, batching, the epoch loop, result files.
 
-Each script (`experiments/finetune_*.py`) keeps its own loss, train step and evaluation
-loop; only the plumbing below is common.
+Each script (`experiments/finetune_*.py`) keeps its own loss (made a train step by
+`train_state.make_step`), evaluation and outputs; only the plumbing below is common.
 """
 
 from __future__ import annotations
@@ -19,12 +18,15 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
+from tqdm import tqdm
 
-from bert_jax import convert, optim
+from bert_jax import convert, optim, sharding
 from bert_jax.config import BertConfig
+from bert_jax.train_state import TrainState, nonfinite
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +168,71 @@ def take(arrays: dict[str, np.ndarray], indices: np.ndarray, length: int | None 
     return out
 
 
+def train_epoch(
+    step_fn,
+    state: TrainState,
+    rng: jax.Array,
+    arrays: dict[str, np.ndarray],
+    *,
+    epoch: int,
+    config: ml_collections.ConfigDict,
+    mesh,
+    log_file,
+    step_args: tuple = (),
+    desc: str | None = None,
+    show_progress: bool = True,
+) -> tuple[TrainState, float]:
+    """Trains one epoch over `arrays`; returns (state, the epoch's mean train loss).
+
+    The batches are `train_batches` of `config.train_batch_size` (shuffled by `config.seed`
+    and `epoch`), each cut to its longest example (`pad_length`). Every `config.log_every`
+    steps and at the run's last, the steps not yet checked are checked for a non-finite loss,
+    gradient norm or param norm (as pretraining does), and `log_file` gets one JSON line: the
+    step, the epoch (fractional), each metric's mean over this epoch's last `log_every` steps
+    and the current learning rate.
+
+    Args:
+        step_fn: the jitted `(state, batch, rng, *step_args) -> (state, metrics)`.
+        rng: the run's key (the step folds in the step number).
+        arrays: the training features by name, `(N, ...)` each, `input_mask` among them.
+        config: `train_batch_size seed max_seq_length num_epochs log_every`.
+        desc: the progress bar's label (default `epoch E/N`).
+    """
+    lengths = arrays["input_mask"].sum(1)
+    per_epoch = steps_per_epoch(len(lengths), config.train_batch_size)
+    num_steps = per_epoch * config.num_epochs
+    batches = train_batches(lengths, config.train_batch_size, config.seed, epoch)
+    desc = desc or f"epoch {epoch}/{config.num_epochs}"
+    first_step = int(state.step) + 1
+    history, checked = [], []  # this epoch's metrics: on device, and fetched and checked
+    progress = tqdm(batches, desc=desc, disable=not show_progress)
+    for indices in progress:
+        length = pad_length(lengths[indices], config.max_seq_length)
+        batch = sharding.global_batch(take(arrays, indices, length), mesh)
+        state, metrics = step_fn(state, batch, rng, *step_args)
+        history.append(metrics)
+        step = int(state.step)
+        if step % config.log_every == 0 or step == num_steps:
+            checked += fetch_finite(history[len(checked) :], first_step + len(checked))
+            window = checked[-config.log_every :]
+            record = {k: float(np.mean([m[k] for m in window])) for k in window[-1]}
+            record["learning_rate"] = float(window[-1]["learning_rate"])
+            log_file.write(json.dumps({"step": step, "epoch": step / per_epoch, **record}) + "\n")
+            log_file.flush()
+            progress.set_postfix(loss=f"{record['loss']:.4f}")
+    checked += fetch_finite(history[len(checked) :], first_step + len(checked))
+    return state, float(np.mean([m["loss"] for m in checked]))
+
+
+def fetch_finite(metrics: list[dict], first_step: int) -> list[dict]:
+    """The host values of consecutive steps' metrics; raises on a non-finite one."""
+    fetched = jax.device_get(metrics)
+    for step, values in enumerate(fetched, first_step):
+        if bad := nonfinite(values):
+            raise FloatingPointError(f"non-finite {bad} at step {step}")
+    return fetched
+
+
 def write_json(path: str, data: Any) -> None:
     """Writes JSON through a temporary file, so a half-written file never looks complete."""
     tmp = path + ".tmp"
@@ -215,8 +282,3 @@ def load_finetuned(directory: str) -> tuple[BertConfig, Any, str | None, dict]:
         metadata = json.load(f)
     config, params, vocab_file = convert.load_params(directory)
     return config, params, vocab_file, metadata
-
-
-def check_finite(loss: float, step: int) -> None:
-    if not np.isfinite(loss):
-        raise FloatingPointError(f"non-finite loss {loss} at step {step}")

@@ -1,10 +1,10 @@
-"""Pretraining: the jitted train/eval steps, their setup, and the train-and-evaluate loop.
+"""Pretraining: the loss, the jitted train/eval steps, their setup, and the loop.
 
-The step is one pure function `(state, batch, rng) -> (state, metrics)`, jitted once
-with explicit shardings and the state donated. Dropout randomness is
-`fold_in(rng, state.step)`, so a resumed run repeats the uninterrupted one exactly.
-`setup` builds the model, optimizer, abstract sharded state and steps of a config, for
-training and the ahead-of-time check alike.
+The step is one pure function `(state, batch, rng) -> (state, metrics)`
+(`train_state.make_step` of the pretraining loss), jitted once with explicit shardings
+and the state donated. Dropout randomness is `fold_in(rng, state.step)`, so a resumed run
+repeats the uninterrupted one exactly. `setup` builds the model, optimizer, abstract
+sharded state and steps of a config, for training and the ahead-of-time check alike.
 
 Resume order (first that applies): a checkpoint in `<workdir>/checkpoints`, else
 `config.resume_from` (a full train state: params, optimizer, step), else
@@ -34,7 +34,7 @@ from bert_jax import checkpointing, metrics, optim, sharding
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import pretraining_loss
-from bert_jax.train_state import TrainState, sharded_state, state_shardings
+from bert_jax.train_state import TrainState, make_step, nonfinite, sharded_state, state_shardings
 
 BATCH_KEYS = (
     "input_ids",
@@ -83,28 +83,10 @@ def init_inputs(batch: dict[str, jax.Array]) -> list[jax.Array]:
     return [batch[k] for k in BATCH_KEYS[:4]]
 
 
-def global_norm(tree) -> jax.Array:
-    return optax.tree_utils.tree_norm(tree)
-
-
-def train_step(state: TrainState, batch, rng, *, model, tx, schedule, accum_steps: int):
-    """One step: forward, backward, optimizer update; returns (new state, metrics)."""
-    dropout_rng = jax.random.fold_in(rng, state.step)
-
-    def loss_fn(params):
-        outputs = _apply(model, params, batch, deterministic=False, rngs={"dropout": dropout_rng})
-        return pretraining_loss(outputs, batch)
-
-    (_, step_metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    step_metrics |= {
-        "learning_rate": schedule(state.step // accum_steps),
-        "grad_norm": global_norm(grads),
-        "param_norm": global_norm(params),
-        "update_norm": global_norm(updates),
-    }
-    return TrainState(state.step + 1, params, opt_state), step_metrics
+def train_loss(params, batch, dropout_rng, *, model) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The pretraining loss of one batch under dropout: what the train step differentiates."""
+    outputs = _apply(model, params, batch, deterministic=False, rngs={"dropout": dropout_rng})
+    return pretraining_loss(outputs, batch)
 
 
 def eval_step(params, batch, *, model):
@@ -121,9 +103,7 @@ def jit_steps(
     data = sharding.batch_sharding(mesh, rules)
     batch_shardings = {k: data for k in BATCH_KEYS}
     step = jax.jit(
-        functools.partial(
-            train_step, model=model, tx=tx, schedule=schedule, accum_steps=accum_steps
-        ),
+        make_step(functools.partial(train_loss, model=model), tx, schedule, accum_steps),
         in_shardings=(shardings, batch_shardings, replicated),
         out_shardings=(shardings, replicated),
         donate_argnums=0,
@@ -397,8 +377,7 @@ def _flush(pending, writer, timer, step, flops, peak, config, manager) -> dict[s
     """Fetches the pending metrics, stops on a non-finite loss, writes the averages."""
     fetched = jax.device_get([m for _, m in pending])
     for (s, _), m in zip(pending, fetched, strict=True):
-        # A finite loss can hide NaN params (e.g. Adam's 0/0 on a never-used weight).
-        bad = [k for k in ("loss", "grad_norm", "param_norm") if not np.isfinite(m[k])]
+        bad = nonfinite(m)
         if bad:
             checkpointing.finish_saves(manager)
             good = manager.latest_step()
@@ -407,9 +386,7 @@ def _flush(pending, writer, timer, step, flops, peak, config, manager) -> dict[s
                 if good is not None
                 else f"no checkpoint was saved yet in {manager.directory}"
             )
-            raise FloatingPointError(
-                f"non-finite {', '.join(f'{k} {m[k]}' for k in bad)} at step {s}; {where}"
-            )
+            raise FloatingPointError(f"non-finite {bad} at step {s}; {where}")
     elapsed = time.perf_counter() - timer[0]
     steps = step - timer[1]
     averaged = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[-1]}

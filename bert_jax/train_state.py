@@ -1,4 +1,4 @@
-"""The train state and the one way to build it sharded.
+"""The train state, the one way to build it sharded, and the one optimizer-update tail.
 
 Pretraining, fine-tuning and distillation all train a `TrainState`. It is built by
 `sharded_state`: `jax.eval_shape` of the model's init finds every leaf's shape and logical
@@ -6,18 +6,23 @@ axis names without allocating anything, the rule table turns the names into shar
 a jitted init writes each shard straight onto its devices (params born sharded). The same
 abstract state (`state_shardings`) is the restore target of a checkpoint and what the
 ahead-of-time check compiles.
+
+Each job writes only its loss; `make_step` turns it into the pure train step
+`(state, batch, rng, *args) -> (state, metrics)` with the same update, the same health
+metrics and so the same non-finite checks (`nonfinite`) everywhere.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from bert_jax import sharding
@@ -97,3 +102,55 @@ def sharded_state(
         donate_argnums=0,
     )
     return init(jax.device_put(params, shardings.params)), shardings
+
+
+def global_norm(tree) -> jax.Array:
+    return optax.tree_utils.tree_norm(tree)
+
+
+def make_step(
+    loss_fn: Callable[..., tuple[jax.Array, dict[str, jax.Array]]],
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    accum_steps: int = 1,
+) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
+    """The pure train step of `loss_fn`: `(state, batch, rng, *args) -> (state, metrics)`.
+
+    Args:
+        loss_fn: `(params, batch, dropout_rng, *args) -> (loss, metrics)`; differentiated
+            with respect to `params` only (`args`, e.g. a frozen teacher's params, never
+            receive a gradient).
+        accum_steps: micro-batches per optimizer update (`optim.make_optimizer`'s
+            accumulation): the learning rate is read at `state.step // accum_steps`.
+
+    Dropout randomness is `fold_in(rng, state.step)`, so a resumed run repeats the
+    uninterrupted one exactly. The metrics are `loss_fn`'s plus the learning rate and the
+    global norms of the gradients, the new params and the update (`nonfinite` checks them).
+    """
+
+    def train_step(state: TrainState, batch, rng, *args):
+        dropout_rng = jax.random.fold_in(rng, state.step)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        (loss, metrics), grads = grad_fn(state.params, batch, dropout_rng, *args)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {"loss": loss} | metrics
+        metrics |= {
+            "learning_rate": schedule(state.step // accum_steps),
+            "grad_norm": global_norm(grads),
+            "param_norm": global_norm(params),
+            "update_norm": global_norm(updates),
+        }
+        return TrainState(state.step + 1, params, opt_state), metrics
+
+    return train_step
+
+
+# A finite loss can hide NaN params (e.g. Adam's 0/0 on a never-used weight).
+HEALTH_KEYS = ("loss", "grad_norm", "param_norm")
+
+
+def nonfinite(metrics: dict) -> str:
+    """'loss nan, grad_norm inf' for the health metrics of one step that are not finite;
+    '' when all are."""
+    return ", ".join(f"{k} {metrics[k]}" for k in HEALTH_KEYS if not np.isfinite(metrics[k]))

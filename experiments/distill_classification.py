@@ -24,7 +24,6 @@ sequences/s on this machine and the speed-up).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 
@@ -36,13 +35,12 @@ import numpy as np
 import optax
 from absl import app, flags, logging
 from ml_collections import config_flags
-from tqdm import tqdm
 
 from bert_jax import distill, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForSequenceClassification
-from bert_jax.train_state import sharded_state
+from bert_jax.train_state import make_step, sharded_state
 from data_pipelines import cli
 from data_pipelines.tasks.classification_features import encode_sentences
 from data_pipelines.tasks.sentence_tasks import load_sentence_task
@@ -120,11 +118,12 @@ def train_student(
     train_keys = [*INPUT_KEYS, "labels"]
     if alpha > 0 and not in_step:
         train_keys.append("teacher_logits")
+    loss = functools.partial(
+        distill.classification_train_loss, student=student, teacher=teacher if in_step else None,
+        temperature=config.temperature, alpha=alpha,
+    )  # fmt: skip
     step_fn = jax.jit(
-        functools.partial(
-            distill.classification_step, student=student, teacher=teacher if in_step else None,
-            tx=tx, schedule=schedule, temperature=config.temperature, alpha=alpha,
-        ),
+        make_step(loss, tx, schedule),
         in_shardings=(shardings, {k: batch_sharding for k in train_keys},
                       common.replicated(mesh), teacher_params[1] if in_step else None),
         out_shardings=(shardings, common.replicated(mesh)),
@@ -139,7 +138,6 @@ def train_student(
               "segment_ids": train.segment_ids, "labels": train.labels}  # fmt: skip
     if "teacher_logits" in train_keys:
         arrays["teacher_logits"] = teacher_train_logits
-    lengths = train.input_mask.sum(1)
     results = {"alpha": alpha, "temperature": config.temperature, "student_init": description,
                "student_config": bert_config, "num_train_steps": num_steps,
                "params": distill.param_count(params), "epochs": []}  # fmt: skip
@@ -151,26 +149,12 @@ def train_student(
         open(os.path.join(workdir, "train_log.jsonl"), "w", encoding="utf-8") as log_file,
     ):
         for epoch in range(1, config.num_epochs + 1):
-            batches = common.train_batches(lengths, config.train_batch_size, config.seed, epoch)
-            losses = []
-            progress = tqdm(batches, desc=f"alpha={alpha} epoch {epoch}/{config.num_epochs}")
-            for indices in progress:
-                length = common.pad_length(lengths[indices], config.max_seq_length)
-                batch = sharding.global_batch(common.take(arrays, indices, length), mesh)
-                state, metrics = step_fn(state, batch, rng, teacher_arg)
-                losses.append(metrics)
-                step = int(state.step)
-                if step % config.log_every == 0 or step == num_steps:
-                    window = jax.device_get(losses[-config.log_every :])
-                    record = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
-                    common.check_finite(record["loss"], step)
-                    log_file.write(json.dumps({"step": step, **record}) + "\n")
-                    log_file.flush()
-                    progress.set_postfix(loss=f"{record['loss']:.4f}")
-            result = {
-                "epoch": epoch,
-                "train_loss": float(np.mean([m["loss"] for m in jax.device_get(losses)])),
-            }
+            state, loss = common.train_epoch(
+                step_fn, state, rng, arrays, epoch=epoch, config=config, mesh=mesh,
+                log_file=log_file, step_args=(teacher_arg,),
+                desc=f"alpha={alpha} epoch {epoch}/{config.num_epochs}",
+            )  # fmt: skip
+            result = {"epoch": epoch, "train_loss": loss}
             for split in task.eval_splits:
                 logits = ftc.predict(predict_fn, state.params, features[split],
                                      config.eval_batch_size, mesh, f"eval {split}")  # fmt: skip

@@ -10,7 +10,7 @@ checkpoint). The student takes the teacher's layers `teacher_layers` (DistilBERT
 other layer, same width) or is a preset from scratch with the teacher's vocabulary. Its loss
 is alpha * T^2 * KL(teacher || student) + (1 - alpha) * MLM cross-entropy over the masked
 positions, plus `cosine_weight` * (1 - cos) between the last hidden states when the widths
-match (`bert_jax.distill.mlm_step`). NSP is not trained, as in DistilBERT.
+match (`bert_jax.distill.mlm_train_loss`). NSP is not trained, as in DistilBERT.
 
 Writes to --workdir: `train_log.jsonl`, `metrics.json` (held-out MLM loss/accuracy of the
 teacher and the student, parameter counts) and `student/`, a params-only checkpoint
@@ -40,7 +40,7 @@ from bert_jax.config import BertConfig
 from bert_jax.convert.names import HEAD_SPECS
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import weighted_cross_entropy
-from bert_jax.train_state import sharded_state
+from bert_jax.train_state import make_step, sharded_state
 from data_pipelines import cli, input_pipeline
 
 BATCH_KEYS = (
@@ -135,12 +135,12 @@ def distill_mlm(config: ml_collections.ConfigDict, workdir: str) -> dict:
     )  # fmt: skip
     state, shardings = sharded_state(student, tx, mesh, sample, params=params)
     batch_sharding = sharding.batch_sharding(mesh)
+    loss = functools.partial(
+        distill.mlm_train_loss, student=student, teacher=teacher,
+        temperature=config.temperature, alpha=config.alpha, cosine_weight=config.cosine_weight,
+    )  # fmt: skip
     step_fn = jax.jit(
-        functools.partial(
-            distill.mlm_step, student=student, teacher=teacher, tx=tx, schedule=schedule,
-            temperature=config.temperature, alpha=config.alpha,
-            cosine_weight=config.cosine_weight,
-        ),
+        make_step(loss, tx, schedule),
         in_shardings=(shardings, {k: batch_sharding for k in BATCH_KEYS},
                       common.replicated(mesh), teacher_shardings),
         out_shardings=(shardings, common.replicated(mesh)),
@@ -169,10 +169,9 @@ def distill_mlm(config: ml_collections.ConfigDict, workdir: str) -> dict:
             pending.append(metrics)
             step = int(state.step)
             if step % config.log_every == 0 or step == config.num_train_steps:
-                window = jax.device_get(pending)
+                window = common.fetch_finite(pending, step - len(pending) + 1)
                 pending = []
                 record = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
-                common.check_finite(record["loss"], step)
                 log_file.write(json.dumps({"step": step, **record}) + "\n")
                 log_file.flush()
                 progress.set_postfix(loss=f"{record['loss']:.3f}")

@@ -15,17 +15,16 @@ After every epoch the dev split(s) are scored with the task's metrics; at the en
 test split is scored (when labeled) or written as a GLUE submission TSV.
 
 Writes to --workdir: `metrics.json` (per-epoch dev metrics, final test metrics, counts of
-truncated examples, wall time), `train_log.jsonl` (loss and learning rate every
-`log_every` steps), `predictions_<split>.tsv`, `submission/<GLUE file>.tsv` and the
-fine-tuned model in `checkpoint/` (`load_classifier` reloads it, e.g. as a distillation
-teacher).
+truncated examples, wall time), `train_log.jsonl` (loss, learning rate and gradient,
+param and update norms every `log_every` steps), `predictions_<split>.tsv`,
+`submission/<GLUE file>.tsv` and the fine-tuned model in `checkpoint/` (`load_classifier`
+reloads it, e.g. as a distillation teacher).
 """
 
 from __future__ import annotations
 
 import csv
 import functools
-import json
 import os
 import time
 
@@ -42,7 +41,7 @@ from bert_jax import eval_metrics, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForSequenceClassification
-from bert_jax.train_state import TrainState, sharded_state
+from bert_jax.train_state import make_step, sharded_state
 from data_pipelines import cli
 from data_pipelines.tasks import glue
 from data_pipelines.tasks.classification_features import SentenceFeatures, encode_sentences
@@ -59,24 +58,15 @@ def loss_fn(logits: jax.Array, labels: jax.Array, regression: bool) -> jax.Array
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
 
 
-def train_step(state: TrainState, batch, rng, *, model, tx, schedule, regression):
-    """(state, batch, rng) -> (state, metrics): one AdamW update on the whole model."""
-    dropout_rng = jax.random.fold_in(rng, state.step)
-
-    def compute_loss(params):
-        logits = model.apply(
-            {"params": params},
-            *(batch[k] for k in INPUT_KEYS),
-            deterministic=False,
-            rngs={"dropout": dropout_rng},
-        )  # (B, C)
-        return loss_fn(logits.astype(jnp.float32), batch["labels"], regression)
-
-    loss, grads = jax.value_and_grad(compute_loss)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "learning_rate": schedule(state.step)}
-    return TrainState(state.step + 1, params, opt_state), metrics
+def train_loss(params, batch, dropout_rng, *, model, regression):
+    """(loss, metrics) of one batch under dropout: what the train step differentiates."""
+    logits = model.apply(
+        {"params": params},
+        *(batch[k] for k in INPUT_KEYS),
+        deterministic=False,
+        rngs={"dropout": dropout_rng},
+    )  # (B, C)
+    return loss_fn(logits.astype(jnp.float32), batch["labels"], regression), {}
 
 
 def predict_step(params, batch, *, model):
@@ -215,7 +205,7 @@ def finetune(
     regression = task.labels is None
     train_keys = (*INPUT_KEYS, "labels")
     step_fn = jax.jit(
-        functools.partial(train_step, model=model, tx=tx, schedule=schedule, regression=regression),
+        make_step(functools.partial(train_loss, model=model, regression=regression), tx, schedule),
         in_shardings=(shardings, {k: batch_sharding for k in train_keys}, common.replicated(mesh)),
         out_shardings=(shardings, common.replicated(mesh)),
         donate_argnums=0,
@@ -227,7 +217,6 @@ def finetune(
     )
     train_arrays = {"input_ids": train.input_ids, "input_mask": train.input_mask,
                     "segment_ids": train.segment_ids, "labels": train.labels}  # fmt: skip
-    train_lengths = train.input_mask.sum(1)
 
     results = {
         "task": task.name,
@@ -246,28 +235,11 @@ def finetune(
     final_logits = {}  # split -> logits of the final model, kept from the last epoch's scoring
     with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
         for epoch in range(1, config.num_epochs + 1):
-            batches = common.train_batches(
-                train_lengths, config.train_batch_size, config.seed, epoch
-            )
-            losses = []
-            progress = tqdm(
-                batches, desc=f"epoch {epoch}/{config.num_epochs}", disable=not show_progress
-            )
-            for indices in progress:
-                length = common.pad_length(train_lengths[indices], config.max_seq_length)
-                batch = sharding.global_batch(common.take(train_arrays, indices, length), mesh)
-                state, metrics = step_fn(state, batch, rng)
-                losses.append(metrics["loss"])
-                step = int(state.step)
-                if step % config.log_every == 0 or step == num_steps:
-                    window = float(np.mean(jax.device_get(losses[-config.log_every :])))
-                    common.check_finite(window, step)
-                    record = {"step": step, "epoch": step / steps_per_epoch, "loss": window,
-                              "learning_rate": float(metrics["learning_rate"])}  # fmt: skip
-                    log_file.write(json.dumps(record) + "\n")
-                    log_file.flush()
-                    progress.set_postfix(loss=f"{window:.4f}")
-            epoch_result = {"epoch": epoch, "train_loss": float(np.mean(jax.device_get(losses)))}
+            state, loss = common.train_epoch(
+                step_fn, state, rng, train_arrays, epoch=epoch, config=config, mesh=mesh,
+                log_file=log_file, show_progress=show_progress,
+            )  # fmt: skip
+            epoch_result = {"epoch": epoch, "train_loss": loss}
             scored = epoch % config.eval_every_epochs == 0 or epoch == config.num_epochs
             for split in task.eval_splits if scored else ():
                 logits = predict(predict_fn, state.params, features[split],

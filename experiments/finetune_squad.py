@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import time
 
@@ -36,7 +35,7 @@ from bert_jax import eval_metrics, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForQuestionAnswering
-from bert_jax.train_state import TrainState, sharded_state
+from bert_jax.train_state import make_step, sharded_state
 from data_pipelines import cli
 from data_pipelines.tasks import squad
 from data_pipelines.tasks.squad_predictions import postprocess
@@ -52,25 +51,16 @@ def loss_fn(start_logits, end_logits, start_positions, end_positions) -> jax.Arr
     return jnp.mean(start + end) / 2
 
 
-def train_step(state: TrainState, batch, rng, *, model, tx, schedule):
-    """(state, batch, rng) -> (state, metrics): one AdamW update on the whole model."""
-    dropout_rng = jax.random.fold_in(rng, state.step)
-
-    def compute_loss(params):
-        start, end = model.apply(
-            {"params": params},
-            *(batch[k] for k in INPUT_KEYS),
-            deterministic=False,
-            rngs={"dropout": dropout_rng},
-        )  # (B, T) each
-        return loss_fn(start.astype(jnp.float32), end.astype(jnp.float32),
-                       batch["start_positions"], batch["end_positions"])  # fmt: skip
-
-    loss, grads = jax.value_and_grad(compute_loss)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "learning_rate": schedule(state.step)}
-    return TrainState(state.step + 1, params, opt_state), metrics
+def train_loss(params, batch, dropout_rng, *, model):
+    """(loss, metrics) of one batch under dropout: what the train step differentiates."""
+    start, end = model.apply(
+        {"params": params},
+        *(batch[k] for k in INPUT_KEYS),
+        deterministic=False,
+        rngs={"dropout": dropout_rng},
+    )  # (B, T) each
+    return loss_fn(start.astype(jnp.float32), end.astype(jnp.float32),
+                   batch["start_positions"], batch["end_positions"]), {}  # fmt: skip
 
 
 def predict_step(params, batch, *, model):
@@ -156,7 +146,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     data = sharding.batch_sharding(mesh)
     train_keys = (*INPUT_KEYS, "start_positions", "end_positions")
     step_fn = jax.jit(
-        functools.partial(train_step, model=model, tx=tx, schedule=schedule),
+        make_step(functools.partial(train_loss, model=model), tx, schedule),
         in_shardings=(shardings, {k: data for k in train_keys}, common.replicated(mesh)),
         out_shardings=(shardings, common.replicated(mesh)),
         donate_argnums=0,
@@ -167,7 +157,6 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
         out_shardings=common.replicated(mesh),
     )
     train_arrays = {k: getattr(train, k) for k in train_keys}
-    train_lengths = train.input_mask.sum(1)
     gold = {e.qas_id: list(e.gold_answers) for e in eval_examples}
 
     def evaluate():
@@ -202,28 +191,12 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     log_path = os.path.join(workdir, "train_log.jsonl")
     with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
         for epoch in range(1, config.num_epochs + 1):
-            batches = common.train_batches(
-                train_lengths, config.train_batch_size, config.seed, epoch
-            )
-            losses = []
-            progress = tqdm(batches, desc=f"epoch {epoch}/{config.num_epochs}")
-            for indices in progress:
-                length = common.pad_length(train_lengths[indices], config.max_seq_length)
-                batch = sharding.global_batch(common.take(train_arrays, indices, length), mesh)
-                state, metrics = step_fn(state, batch, rng)
-                losses.append(metrics["loss"])
-                step = int(state.step)
-                if step % config.log_every == 0 or step == num_steps:
-                    window = float(np.mean(jax.device_get(losses[-config.log_every :])))
-                    common.check_finite(window, step)
-                    record = {"step": step, "epoch": step / steps_per_epoch, "loss": window,
-                              "learning_rate": float(metrics["learning_rate"])}  # fmt: skip
-                    log_file.write(json.dumps(record) + "\n")
-                    log_file.flush()
-                    progress.set_postfix(loss=f"{window:.4f}")
+            state, loss = common.train_epoch(
+                step_fn, state, rng, train_arrays, epoch=epoch, config=config, mesh=mesh,
+                log_file=log_file,
+            )  # fmt: skip
             scores, predictions = evaluate()
-            results["epochs"].append({"epoch": epoch, "train_loss": float(np.mean(
-                jax.device_get(losses))), "eval": scores})  # fmt: skip
+            results["epochs"].append({"epoch": epoch, "train_loss": loss, "eval": scores})
             logging.info("epoch %d: EM %.2f F1 %.2f", epoch, scores["exact"], scores["f1"])
             write_predictions(workdir, predictions, version_2)
             common.write_json(os.path.join(workdir, "metrics.json"), results)

@@ -20,7 +20,6 @@ Writes to --workdir: `metrics.json`, `train_log.jsonl`, `predictions_<split>.txt
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 
@@ -37,7 +36,7 @@ from bert_jax import eval_metrics, sharding
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForTokenClassification
-from bert_jax.train_state import TrainState, sharded_state
+from bert_jax.train_state import make_step, sharded_state
 from data_pipelines import cli
 from data_pipelines.tasks.conll import write_conll
 from data_pipelines.tasks.tagging_features import TaggingFeatures, decode, encode_tagged
@@ -53,24 +52,15 @@ def loss_fn(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Arr
     return jnp.sum(per_token * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
-def train_step(state: TrainState, batch, rng, *, model, tx, schedule):
-    """(state, batch, rng) -> (state, metrics): one AdamW update on the whole model."""
-    dropout_rng = jax.random.fold_in(rng, state.step)
-
-    def compute_loss(params):
-        logits = model.apply(
-            {"params": params},
-            *(batch[k] for k in INPUT_KEYS),
-            deterministic=False,
-            rngs={"dropout": dropout_rng},
-        )  # (B, T, C)
-        return loss_fn(logits.astype(jnp.float32), batch["label_ids"], batch["label_weights"])
-
-    loss, grads = jax.value_and_grad(compute_loss)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "learning_rate": schedule(state.step)}
-    return TrainState(state.step + 1, params, opt_state), metrics
+def train_loss(params, batch, dropout_rng, *, model):
+    """(loss, metrics) of one batch under dropout: what the train step differentiates."""
+    logits = model.apply(
+        {"params": params},
+        *(batch[k] for k in INPUT_KEYS),
+        deterministic=False,
+        rngs={"dropout": dropout_rng},
+    )  # (B, T, C)
+    return loss_fn(logits.astype(jnp.float32), batch["label_ids"], batch["label_weights"]), {}
 
 
 def predict_step(params, batch, *, model):
@@ -143,7 +133,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     data = sharding.batch_sharding(mesh)
     train_keys = (*INPUT_KEYS, "label_ids", "label_weights")
     step_fn = jax.jit(
-        functools.partial(train_step, model=model, tx=tx, schedule=schedule),
+        make_step(functools.partial(train_loss, model=model), tx, schedule),
         in_shardings=(shardings, {k: data for k in train_keys}, common.replicated(mesh)),
         out_shardings=(shardings, common.replicated(mesh)),
         donate_argnums=0,
@@ -154,7 +144,6 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
         out_shardings=common.replicated(mesh),
     )
     train_arrays = {k: getattr(train, k) for k in train_keys}
-    train_lengths = train.input_mask.sum(1)
 
     def evaluate(split):
         predicted = predict(predict_fn, state.params, features[split], config.eval_batch_size,
@@ -182,28 +171,12 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     log_path = os.path.join(workdir, "train_log.jsonl")
     with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
         for epoch in range(1, config.num_epochs + 1):
-            batches = common.train_batches(
-                train_lengths, config.train_batch_size, config.seed, epoch
-            )
-            losses = []
-            progress = tqdm(batches, desc=f"epoch {epoch}/{config.num_epochs}")
-            for indices in progress:
-                length = common.pad_length(train_lengths[indices], config.max_seq_length)
-                batch = sharding.global_batch(common.take(train_arrays, indices, length), mesh)
-                state, metrics = step_fn(state, batch, rng)
-                losses.append(metrics["loss"])
-                step = int(state.step)
-                if step % config.log_every == 0 or step == num_steps:
-                    window = float(np.mean(jax.device_get(losses[-config.log_every :])))
-                    common.check_finite(window, step)
-                    record = {"step": step, "epoch": step / steps_per_epoch, "loss": window,
-                              "learning_rate": float(metrics["learning_rate"])}  # fmt: skip
-                    log_file.write(json.dumps(record) + "\n")
-                    log_file.flush()
-                    progress.set_postfix(loss=f"{window:.4f}")
+            state, loss = common.train_epoch(
+                step_fn, state, rng, train_arrays, epoch=epoch, config=config, mesh=mesh,
+                log_file=log_file,
+            )  # fmt: skip
             scores, _ = evaluate("dev")
-            epoch_result = {"epoch": epoch, "train_loss": float(np.mean(jax.device_get(losses))),
-                            "dev": scores}  # fmt: skip
+            epoch_result = {"epoch": epoch, "train_loss": loss, "dev": scores}
             logging.info("epoch %d: dev F1 %.4f (P %.4f, R %.4f)", epoch, scores["f1"],
                          scores["precision"], scores["recall"])  # fmt: skip
             results["epochs"].append(epoch_result)

@@ -23,7 +23,7 @@ from bert_jax import distill
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining, BertForSequenceClassification
-from bert_jax.train_state import TrainState
+from bert_jax.train_state import TrainState, make_step
 
 REPO = Path(__file__).parent.parent
 GLUE_DIR = Path(__file__).parent / "fixtures" / "tasks" / "glue"
@@ -136,9 +136,13 @@ def pair():
     student = BertForSequenceClassification(STUDENT, 3)
     student_params = _unboxed_init(student, jax.random.key(0), ids, ids, ids)
     tx, schedule = common.make_optimizer(3e-3, 100, warmup_proportion=0.0)
-    kwargs = dict(student=student, tx=tx, schedule=schedule, temperature=2.0, alpha=ALPHA)
-    in_step = jax.jit(functools.partial(distill.classification_step, teacher=teacher, **kwargs))
-    precomputed = jax.jit(functools.partial(distill.classification_step, teacher=None, **kwargs))
+
+    def step(teacher):  # teacher None: its logits come precomputed in the batch
+        loss = functools.partial(distill.classification_train_loss, student=student,
+                                 teacher=teacher, temperature=2.0, alpha=ALPHA)  # fmt: skip
+        return jax.jit(make_step(loss, tx, schedule))
+
+    in_step, precomputed = step(teacher), step(None)
     batch = _batch()
     # Hard labels that agree with the teacher: soft and hard terms pull the same way.
     logits = distill.teacher_classifier_logits(teacher, teacher_params, batch)
@@ -211,9 +215,9 @@ def test_mlm_steps_reduce_the_soft_loss_with_the_cosine_term():
     params = _unboxed_init(student, jax.random.key(0), *inputs)
     tx, schedule = common.make_optimizer(3e-3, 100, warmup_proportion=0.0)
     state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-    step = jax.jit(functools.partial(distill.mlm_step, student=student, teacher=teacher, tx=tx,
-                                     schedule=schedule, temperature=2.0, alpha=0.5,
-                                     cosine_weight=1.0))  # fmt: skip
+    loss = functools.partial(distill.mlm_train_loss, student=student, teacher=teacher,
+                             temperature=2.0, alpha=0.5, cosine_weight=1.0)  # fmt: skip
+    step = jax.jit(make_step(loss, tx, schedule))
     history = []
     for _ in range(12):
         state, metrics = step(state, batch, jax.random.key(0), teacher_params)
@@ -351,7 +355,7 @@ def _mlm_config(tmp_path, teacher, **changes):
     return config
 
 
-@pytest.mark.slow  # a TF input pipeline and two compiles: ~1-2 min of CPU; mlm_step is tested above
+@pytest.mark.slow  # a TF input pipeline and two compiles: ~1-2 min of CPU; the MLM step is above
 def test_distill_mlm_end_to_end(sst2_teacher, tmp_path):
     from bert_jax import convert
     from experiments import distill_mlm

@@ -14,6 +14,7 @@ from pathlib import Path
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from finetune_fixtures import TINY, minilm_vocab, pretrained_params, write_all
@@ -23,7 +24,7 @@ from bert_jax import sharding
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForSequenceClassification
 from bert_jax.model import BertModel
-from bert_jax.train_state import sharded_state
+from bert_jax.train_state import TrainState, make_step, sharded_state
 from data_pipelines.tasks.classification_features import encode_sentences
 from data_pipelines.tasks.sentence_tasks import load_sentence_task
 from data_pipelines.tokenization import load_tokenizer
@@ -85,7 +86,7 @@ def _setup_step(num_labels, lr=1e-3):
     tx, schedule = common.make_optimizer(lr, 100, warmup_proportion=0.0)
     state, shardings = sharded_state(model, tx, mesh, [ids] * 3, params=params)
     step = jax.jit(
-        functools.partial(ftc.train_step, model=model, tx=tx, schedule=schedule, regression=False),
+        make_step(functools.partial(ftc.train_loss, model=model, regression=False), tx, schedule),
         donate_argnums=0,
     )
     return mesh, state, step
@@ -175,6 +176,47 @@ def test_eval_batches_cover_everything_once():
         assert len(indices) == 2
         seen.extend(indices[:real])
     assert sorted(seen) == [0, 1, 2, 3, 4]
+
+
+def _epochs(num_examples, num_epochs, bad_step, tmp_path):
+    """Runs `train_epoch` with a fake step whose param norm is NaN at `bad_step` only."""
+    config = ml_collections.ConfigDict(dict(train_batch_size=2, seed=0, max_seq_length=8,
+                                            num_epochs=num_epochs, log_every=2))  # fmt: skip
+    arrays = {"input_ids": np.ones((num_examples, 8), np.int32),
+              "input_mask": np.ones((num_examples, 8), np.int32)}  # fmt: skip
+    mesh = sharding.create_mesh((1, 1, 1), jax.devices()[:1])
+
+    def step_fn(state, batch, rng, bad_step):
+        step = state.step + 1
+        metrics = {"loss": step.astype(jnp.float32), "learning_rate": 0.1 * step,
+                   "grad_norm": jnp.float32(1.0), "update_norm": jnp.float32(0.0),
+                   "param_norm": jnp.where(step == bad_step, jnp.nan, 1.0)}  # fmt: skip
+        return state.replace(step=step), metrics
+
+    state = TrainState(jnp.zeros((), jnp.int32), {}, ())
+    losses = []
+    with open(tmp_path / "log.jsonl", "w") as log_file:
+        for epoch in range(1, num_epochs + 1):
+            state, loss = common.train_epoch(
+                step_fn, state, jax.random.key(0), arrays, epoch=epoch, config=config, mesh=mesh,
+                log_file=log_file, step_args=(bad_step,), show_progress=False,
+            )  # fmt: skip
+            losses.append(loss)
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    return losses, log
+
+
+def test_train_epoch_logs_windows_and_checks_every_step_as_pretraining_does(tmp_path):
+    losses, log = _epochs(8, 1, bad_step=0, tmp_path=tmp_path)
+    assert losses == [2.5]
+    assert [(r["step"], r["epoch"], r["loss"]) for r in log] == [(2, 0.5, 1.5), (4, 1.0, 3.5)]
+    assert log[-1]["learning_rate"] == pytest.approx(0.4)  # the last step's, not the mean
+    # A finite loss does not hide a NaN param norm: the run stops at the next log line...
+    with pytest.raises(FloatingPointError, match=r"non-finite param_norm nan at step 3$"):
+        _epochs(8, 1, bad_step=3, tmp_path=tmp_path)
+    # ... or at the end of an epoch whose last steps fall before the next log line.
+    with pytest.raises(FloatingPointError, match=r"non-finite param_norm nan at step 3$"):
+        _epochs(6, 2, bad_step=3, tmp_path=tmp_path)
 
 
 def test_finetune_end_to_end_on_glue_sst2_fixture(checkpoints, tmp_path):

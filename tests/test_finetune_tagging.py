@@ -15,7 +15,7 @@ from finetune_fixtures import TINY, pretrained_params, write_tf_checkpoint
 from bert_jax import finetune_common as common
 from bert_jax import sharding
 from bert_jax.heads import BertForTokenClassification
-from bert_jax.train_state import sharded_state
+from bert_jax.train_state import make_step, sharded_state
 from experiments import finetune_tagging as ftt
 from experiments.configs import finetune_conll
 
@@ -44,7 +44,7 @@ def test_a_few_steps_reduce_the_loss():
     )
     tx, schedule = common.make_optimizer(1e-3, 100, warmup_proportion=0.0)
     state, _ = sharded_state(model, tx, mesh, [ids] * 3, params=params)
-    step = jax.jit(functools.partial(ftt.train_step, model=model, tx=tx, schedule=schedule))
+    step = jax.jit(make_step(functools.partial(ftt.train_loss, model=model), tx, schedule))
     rng = np.random.default_rng(0)
     batch = {
         "input_ids": rng.integers(1000, 2000, (8, 16)).astype(np.int32),
