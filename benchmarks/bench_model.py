@@ -38,7 +38,7 @@ import numpy as np
 from tqdm import tqdm
 
 from benchmarks import peers
-from bert_jax import metrics
+from bert_jax import telemetry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS_SCRIPT = os.path.join(ROOT, "benchmarks", "peers.py")
@@ -94,11 +94,11 @@ def model_dims(size: str, vocab: int) -> dict[str, int]:
 def train_flops(dims: dict[str, int], batch: int, seq: int, predictions: int) -> float:
     """Model FLOPs of one training step with MLM logits at `predictions` rows a sequence.
 
-    `bert_jax.metrics.train_flops_per_step` of the config our worker builds from `dims`:
+    `bert_jax.telemetry.train_flops_per_step` of the config our worker builds from `dims`:
     the count training logs its MFU with (matmuls only, backward = 2x forward;
     tests/test_model_flops.py checks it against the model).
     """
-    return metrics.train_flops_per_step(peers.ours_config(dims), batch, seq, predictions)
+    return telemetry.train_flops_per_step(peers.ours_config(dims), batch, seq, predictions)
 
 
 class Worker:

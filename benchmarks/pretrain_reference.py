@@ -204,7 +204,7 @@ def check_import(
 
 def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = False) -> dict:
     """Pretrains, evaluates and exports to `output_dir`; returns the last metrics."""
-    from bert_jax.metrics import MetricsWriter
+    from bert_jax.telemetry import MetricsWriter
     from bert_jax.train import model_config
     from data_pipelines.tokenization import load_tokenizer
 

@@ -30,7 +30,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from bert_jax import checkpointing, metrics, optim, sharding
+from bert_jax import checkpointing, optim, sharding, telemetry
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import pretraining_loss
@@ -289,13 +289,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     )
     # A restart repeats the steps after the restored one (all of them from scratch): what an
     # interrupted run logged for those is cut, so metrics.jsonl reads as one run.
-    writer = metrics.MetricsWriter(workdir, last_step=int(state.step) or -1)
+    writer = telemetry.MetricsWriter(workdir, last_step=int(state.step) or -1)
     watcher = checkpointing.PreemptionWatcher(manager)
     config_json = checkpointing.config_to_json(config) | {"data_identity": _data_identity(config)}
-    flops = metrics.train_flops_per_step(
+    flops = telemetry.train_flops_per_step(
         cfg, config.global_batch_size, data.max_seq_length, data.max_predictions_per_seq
     )
-    peak = metrics.peak_flops_per_device(cfg.dtype) * jax.device_count()
+    peak = telemetry.peak_flops_per_device(cfg.dtype) * jax.device_count()
 
     def save(step):
         checkpointing.save(

@@ -124,11 +124,11 @@ def device_hbm_bytes(device_kind: str) -> int:
 
 
 def device_peak_flops(device_kind: str) -> float:
-    from bert_jax import metrics
+    from bert_jax import telemetry
 
-    if device_kind not in metrics.PEAK_FLOPS_BY_DEVICE_KIND:
+    if device_kind not in telemetry.PEAK_FLOPS_BY_DEVICE_KIND:
         raise ValueError(f"no peak FLOP/s known for device kind {device_kind!r}")
-    return metrics.PEAK_FLOPS_BY_DEVICE_KIND[device_kind]
+    return telemetry.PEAK_FLOPS_BY_DEVICE_KIND[device_kind]
 
 
 @dataclasses.dataclass
@@ -234,7 +234,7 @@ def compile_steps(config, devices):
 
 def check(config, topology: str) -> FitReport:
     """Compiles `config` for the TPU slice `topology` and reports the fit."""
-    from bert_jax import metrics
+    from bert_jax import telemetry
 
     devices = slice_devices(topology)
     kind = devices[0].device_kind
@@ -251,7 +251,7 @@ def check(config, topology: str) -> FitReport:
         hbm_bytes=device_hbm_bytes(kind),
         train=MemoryUse.of(compiled_train),
         evaluate=MemoryUse.of(compiled_eval),
-        flops_per_step=metrics.train_flops_per_step(
+        flops_per_step=telemetry.train_flops_per_step(
             cfg, config.global_batch_size, data.max_seq_length, data.max_predictions_per_seq
         ),
         steps=steps_to_train(config),

@@ -37,8 +37,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import eval_metrics, sharding
 from bert_jax import finetune_common as common
+from bert_jax import scoring, sharding
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForSequenceClassification
 from bert_jax.train_state import make_step, sharded_state
@@ -104,7 +104,7 @@ def predict(
 def score(task: SentenceTask, labels: np.ndarray, logits: np.ndarray):
     """(metrics, predictions): class ids (argmax) or regression values."""
     predictions = logits[:, 0] if task.labels is None else logits.argmax(-1)
-    return eval_metrics.classification_metrics(task.metrics, labels, predictions), predictions
+    return scoring.classification_metrics(task.metrics, labels, predictions), predictions
 
 
 def write_predictions(path, task, examples, logits, predictions) -> None:

@@ -31,8 +31,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import eval_metrics, sharding
 from bert_jax import finetune_common as common
+from bert_jax import scoring, sharding
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForQuestionAnswering
 from bert_jax.train_state import make_step, sharded_state
@@ -167,7 +167,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
             version_2_with_negative=version_2,
             null_score_diff_threshold=config.null_score_diff_threshold,
         )  # fmt: skip
-        scores = eval_metrics.squad_scores(
+        scores = scoring.squad_scores(
             gold, predictions.answers, version="2.0" if version_2 else "1.1",
             null_scores=predictions.null_score_diff if version_2 else None,
             null_threshold=config.null_score_diff_threshold,

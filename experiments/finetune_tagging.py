@@ -32,8 +32,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import eval_metrics, sharding
 from bert_jax import finetune_common as common
+from bert_jax import scoring, sharding
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForTokenClassification
 from bert_jax.train_state import make_step, sharded_state
@@ -150,7 +150,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
                             mesh, f"eval {split}")  # fmt: skip
         tags = decode(features[split], predicted, task.tags)
         gold = [list(e.tags) for e in task.splits[split]]
-        return eval_metrics.entity_scores(gold, tags), tags
+        return scoring.entity_scores(gold, tags), tags
 
     results = {
         "task": task.name,

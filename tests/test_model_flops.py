@@ -1,6 +1,6 @@
 """The model-FLOP count behind every MFU figure, checked against the model's own matmuls.
 
-`bert_jax.metrics` counts FLOPs from a formula (training logs MFU with it, and
+`bert_jax.telemetry` counts FLOPs from a formula (training logs MFU with it, and
 benchmarks/bench_model.py reports useful GFLOP/s with it). Here the same count is taken
 from the traced program instead: every `dot_general` in the jaxpr of the real model
 (forward, and forward + backward), 2 x output elements x contracted size each.
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax.extend import core as jax_core
 
-from bert_jax import metrics
+from bert_jax import telemetry
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
 
@@ -59,7 +59,7 @@ def test_forward_flops_equal_the_models_matmuls(scan_layers):
     jaxpr = jax.make_jaxpr(lambda v: model.apply(v, *inputs))(variables).jaxpr
     counted = matmul_flops(jaxpr)
     assert counted > 0
-    assert counted == BATCH * metrics.forward_flops_per_sequence(config, SEQ, PREDICTIONS)
+    assert counted == BATCH * telemetry.forward_flops_per_sequence(config, SEQ, PREDICTIONS)
 
 
 def test_train_step_flops_equal_forward_and_backward_matmuls():
@@ -70,5 +70,5 @@ def test_train_step_flops_equal_forward_and_backward_matmuls():
         return out.mlm_logits.sum() + out.nsp_logits.sum()
 
     jaxpr = jax.make_jaxpr(jax.grad(loss))(variables).jaxpr
-    expected = metrics.train_flops_per_step(config, BATCH, SEQ, PREDICTIONS)
+    expected = telemetry.train_flops_per_step(config, BATCH, SEQ, PREDICTIONS)
     assert matmul_flops(jaxpr) == expected

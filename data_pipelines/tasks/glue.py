@@ -122,7 +122,7 @@ TASKS: dict[str, GlueTask] = {
 }  # fmt: skip
 
 
-# Each task's official metrics, by `bert_jax.eval_metrics` name (the first is the task's
+# Each task's official metrics, by `bert_jax.scoring` name (the first is the task's
 # headline score).
 METRICS = {
     "cola": ("matthews_corrcoef",),

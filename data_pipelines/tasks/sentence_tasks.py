@@ -19,7 +19,7 @@ from data_pipelines.tasks.formats import SentenceExample
 class SentenceTask:
     name: str
     labels: tuple[str, ...] | None  # class names in id order; None: regression
-    metrics: tuple[str, ...]  # `bert_jax.eval_metrics.classification_metrics` names
+    metrics: tuple[str, ...]  # `bert_jax.scoring.classification_metrics` names
     splits: dict[str, list[SentenceExample]]  # "train", eval splits, test splits
     eval_splits: tuple[str, ...]  # labeled splits scored after every epoch
     test_splits: tuple[str, ...]  # scored (if labeled) or written as submissions at the end

@@ -1,4 +1,4 @@
-"""Training metrics: model FLOPs and MFU, and the JSONL + TensorBoard writer.
+"""Training telemetry: model FLOPs and MFU, and the JSONL + TensorBoard metrics writer.
 
 Only process 0 writes; every other process gets a writer that does nothing.
 """

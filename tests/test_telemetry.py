@@ -7,7 +7,7 @@ import json
 import pytest
 import tensorflow as tf
 
-from bert_jax.metrics import MetricsWriter
+from bert_jax.telemetry import MetricsWriter
 
 
 def _records(path: str) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Downstream evaluation metrics, each as its task's official scorer computes it.
+"""Task scoring: downstream evaluation metrics, each as its task's official scorer computes it.
 
 * GLUE: accuracy, binary F1 (MRPC, QQP), Matthews correlation (CoLA), Pearson and Spearman
   correlation (STS-B), from scikit-learn and scipy.
