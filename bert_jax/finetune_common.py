@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from bert_jax import convert, optim, sharding
 from bert_jax.config import BertConfig
-from bert_jax.train_state import TrainState, nonfinite
+from bert_jax.train_state import TrainState, make_step, nonfinite, sharded_state
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,61 @@ def make_optimizer(
     if max_grad_norm:
         tx = optax.chain(optax.clip_by_global_norm(max_grad_norm), tx)
     return tx, schedule
+
+
+class Setup(NamedTuple):
+    """What a fine-tuning run trains and predicts with, once its model and data are known."""
+
+    mesh: Any
+    state: TrainState  # step 0, born sharded from the given params
+    num_steps: int
+    train_step: Any  # jitted (state, batch, rng) -> (state, metrics), state donated
+    predict_step: Any  # jitted (params, inputs) -> outputs, replicated
+
+
+def setup(
+    config: ml_collections.ConfigDict,
+    model: nn.Module,
+    params: Any,
+    num_train: int,
+    train_loss,
+    train_keys: tuple[str, ...],
+    predict_step,
+    input_keys: tuple[str, ...],
+    what: str = "training examples",
+) -> Setup:
+    """The mesh, the original recipe's optimizer over `config.num_epochs` epochs of
+    `num_train` examples, the sharded state and the jitted steps of a fine-tuning config.
+
+    `train_loss(params, batch, dropout_rng)` is the task's loss (`make_step` adds the
+    update); `predict_step(params, inputs)` its forward pass. `params` are copied.
+    """
+    mesh = sharding.create_mesh(config.mesh_shape)
+    check_batch_size(config.train_batch_size, mesh, "train_batch_size")
+    check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
+    per_epoch = steps_per_epoch(num_train, config.train_batch_size)
+    if per_epoch == 0:
+        raise ValueError(f"{num_train} {what} < train_batch_size")
+    num_steps = per_epoch * config.num_epochs
+    tx, schedule = make_optimizer(
+        config.learning_rate, num_steps, warmup_proportion=config.warmup_proportion,
+        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+    )  # fmt: skip
+    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
+    state, shardings = sharded_state(model, tx, mesh, sample, params=params)
+    data = sharding.batch_sharding(mesh)
+    train_step = jax.jit(
+        make_step(train_loss, tx, schedule),
+        in_shardings=(shardings, {k: data for k in train_keys}, replicated(mesh)),
+        out_shardings=(shardings, replicated(mesh)),
+        donate_argnums=0,
+    )
+    predict = jax.jit(
+        predict_step,
+        in_shardings=(shardings.params, {k: data for k in input_keys}),
+        out_shardings=replicated(mesh),
+    )
+    return Setup(mesh, state, num_steps, train_step, predict)
 
 
 def replicated(mesh) -> NamedSharding:

@@ -41,7 +41,6 @@ from bert_jax import finetune_common as common
 from bert_jax import scoring, sharding
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForSequenceClassification
-from bert_jax.train_state import make_step, sharded_state
 from data_pipelines import cli
 from data_pipelines.tasks import glue
 from data_pipelines.tasks.classification_features import SentenceFeatures, encode_sentences
@@ -186,35 +185,16 @@ def finetune(
     if train.labels is None:
         raise ValueError(f"{task.name} train split has no labels")
 
-    mesh = sharding.create_mesh(config.mesh_shape)
-    common.check_batch_size(config.train_batch_size, mesh, "train_batch_size")
-    common.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
-    steps_per_epoch = common.steps_per_epoch(len(train), config.train_batch_size)
-    if steps_per_epoch == 0:
-        raise ValueError(f"{len(train)} training examples < train_batch_size")
-    num_steps = steps_per_epoch * config.num_epochs
-    tx, schedule = common.make_optimizer(
-        config.learning_rate, num_steps, warmup_proportion=config.warmup_proportion,
-        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
-    )  # fmt: skip
-    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
-    state, shardings = sharded_state(model, tx, mesh, sample, params=params)
-    del params
-
-    batch_sharding = sharding.batch_sharding(mesh)
     regression = task.labels is None
     train_keys = (*INPUT_KEYS, "labels")
-    step_fn = jax.jit(
-        make_step(functools.partial(train_loss, model=model, regression=regression), tx, schedule),
-        in_shardings=(shardings, {k: batch_sharding for k in train_keys}, common.replicated(mesh)),
-        out_shardings=(shardings, common.replicated(mesh)),
-        donate_argnums=0,
-    )
-    predict_fn = jax.jit(
-        functools.partial(predict_step, model=model),
-        in_shardings=(shardings.params, {k: batch_sharding for k in INPUT_KEYS}),
-        out_shardings=common.replicated(mesh),
-    )
+    run = common.setup(
+        config, model, params, len(train),
+        functools.partial(train_loss, model=model, regression=regression), train_keys,
+        functools.partial(predict_step, model=model), INPUT_KEYS,
+    )  # fmt: skip
+    del params
+    mesh, state, num_steps = run.mesh, run.state, run.num_steps
+    step_fn, predict_fn = run.train_step, run.predict_step
     train_arrays = {"input_ids": train.input_ids, "input_mask": train.input_mask,
                     "segment_ids": train.segment_ids, "labels": train.labels}  # fmt: skip
 

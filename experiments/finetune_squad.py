@@ -35,7 +35,6 @@ from bert_jax import finetune_common as common
 from bert_jax import scoring, sharding
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForQuestionAnswering
-from bert_jax.train_state import make_step, sharded_state
 from data_pipelines import cli
 from data_pipelines.tasks import squad
 from data_pipelines.tasks.squad_predictions import postprocess
@@ -128,34 +127,15 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     train = squad.encode_squad(train_examples, tokenizer, is_training=True, **windows)
     evaluation = squad.encode_squad(eval_examples, tokenizer, is_training=False, **windows)
 
-    mesh = sharding.create_mesh(config.mesh_shape)
-    common.check_batch_size(config.train_batch_size, mesh, "train_batch_size")
-    common.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
-    steps_per_epoch = common.steps_per_epoch(len(train), config.train_batch_size)
-    if steps_per_epoch == 0:
-        raise ValueError(f"{len(train)} training windows < train_batch_size")
-    num_steps = steps_per_epoch * config.num_epochs
-    tx, schedule = common.make_optimizer(
-        config.learning_rate, num_steps, warmup_proportion=config.warmup_proportion,
-        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
-    )  # fmt: skip
-    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
-    state, shardings = sharded_state(model, tx, mesh, sample, params=params)
-    del params
-
-    data = sharding.batch_sharding(mesh)
     train_keys = (*INPUT_KEYS, "start_positions", "end_positions")
-    step_fn = jax.jit(
-        make_step(functools.partial(train_loss, model=model), tx, schedule),
-        in_shardings=(shardings, {k: data for k in train_keys}, common.replicated(mesh)),
-        out_shardings=(shardings, common.replicated(mesh)),
-        donate_argnums=0,
-    )
-    predict_fn = jax.jit(
-        functools.partial(predict_step, model=model),
-        in_shardings=(shardings.params, {k: data for k in INPUT_KEYS}),
-        out_shardings=common.replicated(mesh),
-    )
+    run = common.setup(
+        config, model, params, len(train), functools.partial(train_loss, model=model),
+        train_keys, functools.partial(predict_step, model=model), INPUT_KEYS,
+        what="training windows",
+    )  # fmt: skip
+    del params
+    mesh, state, num_steps = run.mesh, run.state, run.num_steps
+    step_fn, predict_fn = run.train_step, run.predict_step
     train_arrays = {k: getattr(train, k) for k in train_keys}
     gold = {e.qas_id: list(e.gold_answers) for e in eval_examples}
 
