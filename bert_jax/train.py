@@ -35,16 +35,10 @@ from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import pretraining_loss
 from bert_jax.train_state import TrainState, make_step, nonfinite, sharded_state, state_shardings
+from data_pipelines import records
 
-BATCH_KEYS = (
-    "input_ids",
-    "input_mask",
-    "segment_ids",
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "masked_lm_weights",
-    "next_sentence_labels",
-)
+# The batch features BertForPreTraining takes, in the order of its positional arguments.
+MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> BertConfig:
@@ -54,33 +48,17 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = Non
 
 def example_batch(batch_size: int, seq_len: int, predictions: int) -> dict[str, jax.Array]:
     """Zeros with the shapes and dtypes of a training batch (for init and tracing)."""
-    shapes = {
-        "input_ids": (batch_size, seq_len),
-        "input_mask": (batch_size, seq_len),
-        "segment_ids": (batch_size, seq_len),
-        "masked_lm_positions": (batch_size, predictions),
-        "masked_lm_ids": (batch_size, predictions),
-        "next_sentence_labels": (batch_size,),
-    }
-    batch = {k: jnp.zeros(s, jnp.int32) for k, s in shapes.items()}
-    batch["masked_lm_weights"] = jnp.zeros((batch_size, predictions), jnp.float32)
-    return batch
+    layout = records.batch_spec(batch_size, seq_len, predictions)
+    return {k: jnp.zeros(shape, dtype) for k, (shape, dtype) in layout.items()}
 
 
 def _apply(model, params, batch, **kwargs):
-    return model.apply(
-        {"params": params},
-        batch["input_ids"],
-        batch["input_mask"],
-        batch["segment_ids"],
-        batch["masked_lm_positions"],
-        **kwargs,
-    )
+    return model.apply({"params": params}, *init_inputs(batch), **kwargs)
 
 
 def init_inputs(batch: dict[str, jax.Array]) -> list[jax.Array]:
-    """The positional inputs of `BertForPreTraining` in `batch`, as `init` takes them."""
-    return [batch[k] for k in BATCH_KEYS[:4]]
+    """The positional inputs of `BertForPreTraining` in `batch`, as `init` and `apply` take them."""
+    return [batch[k] for k in MODEL_INPUTS]
 
 
 def train_loss(params, batch, dropout_rng, *, model) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -101,7 +79,7 @@ def jit_steps(
     """The jitted train and eval steps with explicit in/out shardings."""
     replicated = NamedSharding(mesh, PartitionSpec())
     data = sharding.batch_sharding(mesh, rules)
-    batch_shardings = {k: data for k in BATCH_KEYS}
+    batch_shardings = {k: data for k in records.BATCH}
     step = jax.jit(
         make_step(functools.partial(train_loss, model=model), tx, schedule, accum_steps),
         in_shardings=(shardings, batch_shardings, replicated),

@@ -19,8 +19,8 @@ position re-reads only the records of the current epoch before the position (che
 before parsing) and then yields exactly the batches the uninterrupted run would have.
 Positions are per host: in a multi-host run each process saves its own.
 
-Static mode reads masked records (ours or the original BERT tool's: the same schema);
-dynamic mode reads unmasked records (`tfrecords.serialize_unmasked`).
+Static mode reads masked records (`records.MASKED`: ours or the original BERT tool's);
+dynamic mode reads unmasked records (`records.UNMASKED`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from data_pipelines import masking, tfrecord_files, tfrecords
+from data_pipelines import masking, records, tfrecord_files
 
 # Salts that keep the seeds of different random choices apart.
 _FILE_ORDER_SALT = 1
@@ -42,16 +42,6 @@ _MASK_SALT = 3
 # Keys carried along each batch so the iterator knows its position; stripped before yield.
 _EPOCH_KEY = "_epoch"
 _BATCH_KEY = "_batch_in_epoch"
-
-# Features cast to int32 for JAX (ids, masks, positions, labels); weights stay float32.
-_INT_FEATURES = (
-    "input_ids",
-    "input_mask",
-    "segment_ids",
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "next_sentence_labels",
-)
 
 
 def list_files(file_patterns: str | Sequence[str]) -> list[str]:
@@ -132,7 +122,7 @@ def _records_of_epoch(spec: PipelineSpec, epoch: tf.Tensor) -> tf.data.Dataset:
     scores = tf.random.stateless_uniform([len(spec.files)], order_seed, alg=masking.RNG_ALG)
     order = tf.argsort(scores, stable=True)
     files = tf.gather(tf.constant(spec.files, tf.string), order)
-    records = tf.data.Dataset.from_tensor_slices(files).interleave(
+    serialized = tf.data.Dataset.from_tensor_slices(files).interleave(
         lambda path: tf.data.TFRecordDataset(path, compression_type=spec.compression or ""),
         cycle_length=min(spec.cycle_length, len(spec.files)),
         block_length=1,
@@ -140,27 +130,32 @@ def _records_of_epoch(spec: PipelineSpec, epoch: tf.Tensor) -> tf.data.Dataset:
         deterministic=True,
     )
     shuffle_seed = masking.example_seed(spec.seed, _SHUFFLE_SALT, epoch, spec.process_index)
-    return records.shuffle(
+    return serialized.shuffle(
         spec.shuffle_buffer, seed=_seed_int64(shuffle_seed), reshuffle_each_iteration=False
     )
 
 
-def _parse_batch(spec: PipelineSpec, records: tf.Tensor, epoch, batch_in_epoch) -> dict:
+def _parse_batch(spec: PipelineSpec, serialized: tf.Tensor, epoch, batch_in_epoch) -> dict:
     if spec.masking is None:
-        features = tfrecords.parse_masked(
-            records,
+        features = records.parse(
+            serialized,
+            records.MASKED,
             max_seq_length=spec.max_seq_length,
             max_predictions_per_seq=spec.max_predictions_per_seq,
         )
     else:
-        unmasked = tfrecords.parse_unmasked(records, max_seq_length=spec.max_seq_length)
+        unmasked = records.parse(serialized, records.UNMASKED, max_seq_length=spec.max_seq_length)
         seed = masking.example_seed(
             spec.seed, _MASK_SALT, epoch, spec.process_index, batch_in_epoch
         )
         features = masking.mask_features(unmasked, seed, spec.masking)
-    batch = {k: tf.cast(features[k], tf.int32) for k in _INT_FEATURES}
-    batch["next_sentence_labels"] = batch["next_sentence_labels"][:, 0]  # (B, 1) -> (B,)
-    batch["masked_lm_weights"] = tf.cast(features["masked_lm_weights"], tf.float32)
+    layout = records.batch_spec(
+        spec.per_host_batch, spec.max_seq_length, spec.max_predictions_per_seq
+    )
+    # int32 ids, masks, positions and labels for JAX; next_sentence_labels (B, 1) -> (B,).
+    batch = {
+        k: tf.reshape(tf.cast(features[k], dtype), shape) for k, (shape, dtype) in layout.items()
+    }
     batch[_EPOCH_KEY] = epoch
     batch[_BATCH_KEY] = batch_in_epoch
     return batch
@@ -178,10 +173,10 @@ def build_dataset(spec: PipelineSpec, position: dict[str, int]) -> tf.data.Datas
         # parsing keeps resuming cheap.
         first = tf.cast(tf.equal(epoch, start_epoch), tf.int64)
         skip_batches = first * start_batch
-        records = _records_of_epoch(spec, epoch).skip(skip_batches * spec.per_host_batch)
-        batches = records.batch(spec.per_host_batch, drop_remainder=True)
+        examples = _records_of_epoch(spec, epoch).skip(skip_batches * spec.per_host_batch)
+        batches = examples.batch(spec.per_host_batch, drop_remainder=True)
         return batches.enumerate(start=skip_batches).map(
-            lambda index, records: _parse_batch(spec, records, epoch, index),
+            lambda index, serialized: _parse_batch(spec, serialized, epoch, index),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,
         )
@@ -263,21 +258,21 @@ def _check_position(spec: PipelineSpec, position: dict[str, Any]) -> None:
 def _check_records(spec: PipelineSpec) -> None:
     """Reads at most one batch of records: the schema must match, and a batch must fill."""
     if spec.masking is None:
-        feature_spec = tfrecords.pretraining_feature_spec(
-            spec.max_seq_length, spec.max_predictions_per_seq
+        feature_spec = records.feature_spec(
+            records.MASKED, spec.max_seq_length, spec.max_predictions_per_seq
         )
         kind = (
             f"masked records (max_seq_length={spec.max_seq_length}, "
             f"max_predictions_per_seq={spec.max_predictions_per_seq})"
         )
     else:
-        feature_spec = tfrecords.unmasked_feature_spec(spec.max_seq_length)
+        feature_spec = records.feature_spec(records.UNMASKED, spec.max_seq_length)
         kind = f"unmasked records (max_seq_length={spec.max_seq_length})"
     count = 0
     for path in spec.files:
-        records = tf.data.TFRecordDataset(path, compression_type=spec.compression or "")
+        dataset = tf.data.TFRecordDataset(path, compression_type=spec.compression or "")
         try:
-            for record in records.take(spec.per_host_batch - count):
+            for record in dataset.take(spec.per_host_batch - count):
                 if count == 0:
                     tf.io.parse_single_example(record, feature_spec)
                 count += 1

@@ -230,14 +230,13 @@ def mask_features(
     """Masks parsed unmasked records; for `tf.data` `map` (dynamic masking).
 
     Args:
-        features: `input_ids input_mask segment_ids word_starts next_sentence_labels`, as
-            `tfrecords.parse_unmasked` returns them (one record or a batch).
+        features: the `records.UNMASKED` features, as `records.parse` returns them (one
+            record or a batch).
         seed: stateless seed for these records, e.g. `example_seed(base, epoch, index)`.
         config: the masking parameters.
 
     Returns:
-        The original BERT features: `input_ids input_mask segment_ids masked_lm_positions
-        masked_lm_ids masked_lm_weights next_sentence_labels`.
+        The features of a masked record (`records.MASKED`), the original BERT's.
     """
     masked = mask_batch(
         features["input_ids"],

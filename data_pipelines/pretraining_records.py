@@ -1,8 +1,8 @@
 """Instances to TFRecord records: static masking and serialisation, without TensorFlow.
 
 `RecordEncoder` takes a part of the padded instances of a chunk (`instances.InstanceBatch`)
-and returns serialised `tf.train.Example`s: masked in the original schema (static mode), or
-unmasked with their `word_starts` (dynamic mode), encoded in bulk by `example_encoder`. It
+and returns serialised `tf.train.Example`s: masked records (static mode), or unmasked ones
+with their `word_starts` (dynamic mode), in the schema of `records`, encoded in bulk. It
 also counts what the masking did, for the stats JSON. Masks are drawn from a generator
 seeded by (seed, chunk, part of the chunk), so they do not depend on which process
 encodes the part.
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from data_pipelines import example_encoder, instances, numpy_masking
+from data_pipelines import instances, numpy_masking, records
 
 # Instances per part of a chunk (masked and serialised per call, drawing their own masks):
 # bounds the temporaries of a call, and is the unit of work a worker process takes.
@@ -32,8 +32,8 @@ class RecordEncoder:
     Args:
         tokenizer: gives `cls_id sep_id mask_id vocab_size`.
         random_seed: seeds the masks together with the chunk and batch indices.
-        static_masking: True: masked records (original schema); False: unmasked records
-            with `word_starts` for dynamic masking.
+        static_masking: True: masked records (`records.MASKED`, the original's); False:
+            unmasked records (`records.UNMASKED`) for dynamic masking.
         max_predictions_per_seq: padded length of the masked_lm_* features.
         masked_lm_prob: fraction of tokens to predict.
         whole_word: mask whole words (by `word_starts`) instead of single pieces.
@@ -104,27 +104,29 @@ class RecordEncoder:
         labels = masked["masked_lm_ids"]  # (N, P)
         weights = masked["masked_lm_weights"]  # (N, P)
         _count_masking(batch, input_ids, positions, labels, weights, tokenizer.mask_id, counts)
-        return example_encoder.encode_examples(
+        return records.encode(
+            records.MASKED,
             {
                 "input_ids": input_ids,
                 "input_mask": _input_mask(batch),
                 "segment_ids": batch.segment_ids,
                 "masked_lm_positions": positions,
                 "masked_lm_ids": labels,
+                "masked_lm_weights": weights,
                 "next_sentence_labels": batch.next_sentence_labels[:, None],
             },
-            {"masked_lm_weights": weights},
         )
 
     def _unmasked_records(self, batch: instances.InstanceBatch) -> list[bytes]:
-        return example_encoder.encode_examples(
+        return records.encode(
+            records.UNMASKED,
             {
                 "input_ids": batch.input_ids,
                 "input_mask": _input_mask(batch),
                 "segment_ids": batch.segment_ids,
                 "word_starts": batch.word_starts,
                 "next_sentence_labels": batch.next_sentence_labels[:, None],
-            }
+            },
         )
 
 

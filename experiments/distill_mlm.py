@@ -34,19 +34,17 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import convert, distill, sharding
+from bert_jax import convert, distill, sharding, train
 from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.convert.names import HEAD_SPECS
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import weighted_cross_entropy
 from bert_jax.train_state import make_step, sharded_state
-from data_pipelines import cli, input_pipeline
+from data_pipelines import cli, input_pipeline, records
 
-BATCH_KEYS = (
-    "input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-    "masked_lm_weights",
-)  # fmt: skip
+# The batch features the student and teacher see: NSP is not trained, so not its labels.
+BATCH_KEYS = tuple(k for k in records.BATCH if k != "next_sentence_labels")
 
 
 def load_teacher(path: str) -> tuple[BertConfig, dict, str | None]:
@@ -89,7 +87,7 @@ def evaluate(model, params, config, mesh, shardings) -> dict[str, float]:
     )  # fmt: skip
 
     def step(params, batch):
-        out = model.apply({"params": params}, *(batch[k] for k in BATCH_KEYS[:4]))
+        out = model.apply({"params": params}, *train.init_inputs(batch))
         return weighted_cross_entropy(
             out.mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"]
         )
@@ -123,7 +121,7 @@ def distill_mlm(config: ml_collections.ConfigDict, workdir: str) -> dict:
     mesh = sharding.create_mesh(config.mesh_shape)
     common.check_batch_size(config.global_batch_size, mesh, "global_batch_size")
     t, p = config.max_seq_length, config.max_predictions_per_seq
-    sample = [jnp.zeros((1, t), jnp.int32)] * 3 + [jnp.zeros((1, p), jnp.int32)]
+    sample = train.init_inputs(train.example_batch(1, t, p))
     # Sharded as a trained model of its size would be; it is never updated.
     frozen, frozen_shardings = sharded_state(
         teacher, optax.identity(), mesh, sample, params=teacher_np

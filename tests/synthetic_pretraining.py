@@ -1,15 +1,16 @@
 """Small synthetic pretraining TFRecords and configs for the training tests.
 
-The records follow the original schema exactly (written with `data_pipelines.tfrecords`);
+The records follow the original schema exactly (written with `protobuf_records`);
 their tokens are random, which is all the trajectory, resume and sharding tests need.
 """
 
 import os
 
 import numpy as np
+import protobuf_records
 
 from bert_jax.config import BertConfig
-from data_pipelines import tfrecord_files, tfrecords
+from data_pipelines import records, tfrecord_files
 
 SEQ_LEN, PREDICTIONS = 32, 5
 CLS, SEP, MASK = 101, 102, 103  # the uncased BERT vocab's ids, as in the MiniLM vocab
@@ -47,18 +48,7 @@ def random_example(rng: np.random.Generator) -> dict[str, np.ndarray]:
 def random_batch(batch_size: int, seed: int) -> dict[str, np.ndarray]:
     """A padded numpy batch in the input pipeline's layout (int32 ids, float32 weights)."""
     rng = np.random.default_rng(seed)
-    batch = {
-        k: []
-        for k in (
-            "input_ids",
-            "input_mask",
-            "segment_ids",
-            "masked_lm_positions",
-            "masked_lm_ids",
-            "masked_lm_weights",
-            "next_sentence_labels",
-        )
-    }
+    batch = {k: [] for k in records.BATCH}
     for _ in range(batch_size):
         ex = random_example(rng)
         pad = SEQ_LEN - len(ex["input_ids"])
@@ -81,7 +71,7 @@ def write_records(directory: str, prefix: str, num_files: int, per_file: int, se
     paths = [os.path.join(directory, f"{prefix}-{i:05d}.tfrecord") for i in range(num_files)]
     with tfrecord_files.TFRecordShardWriter(paths) as writer:
         for i in range(num_files * per_file):
-            record = tfrecords.serialize_masked(
+            record = protobuf_records.serialize_masked(
                 random_example(rng), max_seq_length=SEQ_LEN, max_predictions_per_seq=PREDICTIONS
             )
             writer.write(record, shard=i % num_files)

@@ -208,9 +208,7 @@ def _logical_param_specs(preset: str, scan_layers: bool):
     config.model.vocab_size = 30522
     model = BertForPreTraining(train.model_config(config))
     batch = train.example_batch(1, 8, 2)
-    variables = jax.eval_shape(
-        lambda: model.init(jax.random.key(0), *(batch[k] for k in train.BATCH_KEYS[:4]))
-    )
+    variables = jax.eval_shape(lambda: model.init(jax.random.key(0), *train.init_inputs(batch)))
     shapes = jax.tree.map(lambda x: x.shape, nn.unbox(variables["params"]))
     return shapes, nn.get_partition_spec(variables["params"])
 

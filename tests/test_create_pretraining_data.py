@@ -38,17 +38,13 @@ def _write_documents(path, documents) -> str:
 def _read_records(paths, dynamic: bool = False) -> dict[str, np.ndarray]:
     import tensorflow as tf
 
-    from data_pipelines import tfrecords
+    from data_pipelines import records
 
     dataset = tf.data.TFRecordDataset(paths).batch(4096)
-    if dynamic:
-        parsed = dataset.map(lambda x: tfrecords.parse_unmasked(x, max_seq_length=MAX_SEQ))
-    else:
-        parsed = dataset.map(
-            lambda x: tfrecords.parse_masked(
-                x, max_seq_length=MAX_SEQ, max_predictions_per_seq=MAX_PRED
-            )
-        )
+    names = records.UNMASKED if dynamic else records.MASKED
+    parsed = dataset.map(
+        lambda x: records.parse(x, names, max_seq_length=MAX_SEQ, max_predictions_per_seq=MAX_PRED)
+    )
     batches = list(parsed.as_numpy_iterator())
     return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
 

@@ -6,10 +6,11 @@ import json
 import os
 
 import numpy as np
+import protobuf_records
 import pytest
 import tensorflow as tf
 
-from data_pipelines import input_pipeline, masking, tfrecord_files, tfrecords
+from data_pipelines import input_pipeline, masking, records, tfrecord_files
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "original_tfrecord")
 SITE_PACKAGES = os.path.dirname(os.path.dirname(np.__file__))
@@ -46,8 +47,8 @@ def test_masked_round_trip_and_original_spec():
         "masked_lm_ids": [8, 9],
         "next_sentence_label": 1,
     }
-    record = tfrecords.serialize_masked(example, max_seq_length=T, max_predictions_per_seq=P)
-    ours = tfrecords.parse_masked(record, max_seq_length=T, max_predictions_per_seq=P)
+    record = protobuf_records.serialize_masked(example, max_seq_length=T, max_predictions_per_seq=P)
+    ours = records.parse(record, records.MASKED, max_seq_length=T, max_predictions_per_seq=P)
     theirs = tf.io.parse_single_example(record, _original_name_to_features(T, P))
     assert set(ours) == set(theirs)
     for key in theirs:
@@ -59,9 +60,9 @@ def test_masked_round_trip_and_original_spec():
     assert theirs["masked_lm_weights"].numpy().tolist() == [1.0, 1.0, 0.0, 0.0]
     assert theirs["next_sentence_labels"].numpy().tolist() == [1]
     # Our spec constant is the original's spec.
-    assert tfrecords.pretraining_feature_spec(T, P) == _original_name_to_features(T, P)
+    assert records.feature_spec(records.MASKED, T, P) == _original_name_to_features(T, P)
     # Same example, same bytes.
-    assert record == tfrecords.serialize_masked(
+    assert record == protobuf_records.serialize_masked(
         example, max_seq_length=T, max_predictions_per_seq=P
     )
 
@@ -76,8 +77,8 @@ def test_unmasked_round_trip_batched():
         }
         for i in range(3)
     ]
-    records = [tfrecords.serialize_unmasked(e, max_seq_length=8) for e in examples]
-    parsed = tfrecords.parse_unmasked(tf.constant(records), max_seq_length=8)
+    serialized = [protobuf_records.serialize_unmasked(e, max_seq_length=8) for e in examples]
+    parsed = records.parse(tf.constant(serialized), records.UNMASKED, max_seq_length=8)
     assert parsed["input_ids"].shape == (3, 8) and parsed["input_ids"].dtype == tf.int64
     assert parsed["input_ids"].numpy()[2].tolist() == [CLS, 7, SEP, 6, SEP, 0, 0, 0]
     assert parsed["word_starts"].numpy()[0].tolist() == [0, 1, 0, 1, 0, 0, 0, 0]
@@ -87,17 +88,17 @@ def test_unmasked_round_trip_batched():
 def test_serialize_rejects_bad_examples():
     good = {"input_ids": [1, 2], "segment_ids": [0, 0], "word_starts": [0, 1]}
     with pytest.raises(ValueError, match="missing \\['next_sentence_labels'\\]"):
-        tfrecords.serialize_unmasked(good, max_seq_length=4)
+        protobuf_records.serialize_unmasked(good, max_seq_length=4)
     with pytest.raises(ValueError, match="'input_ids' has 5 values, more than its length 4"):
-        tfrecords.serialize_unmasked(
+        protobuf_records.serialize_unmasked(
             {**good, "input_ids": [1] * 5, "next_sentence_label": 0}, max_seq_length=4
         )
     with pytest.raises(ValueError, match="unknown \\['masked_lm_ids'\\]"):
-        tfrecords.serialize_unmasked(
+        protobuf_records.serialize_unmasked(
             {**good, "next_sentence_label": 0, "masked_lm_ids": [1]}, max_seq_length=4
         )
     with pytest.raises(ValueError, match="next_sentence_labels must be one value"):
-        tfrecords.serialize_unmasked({**good, "next_sentence_label": 2}, max_seq_length=4)
+        protobuf_records.serialize_unmasked({**good, "next_sentence_label": 2}, max_seq_length=4)
 
 
 # ----------------------------------------------------------------------------- original tool
@@ -139,19 +140,19 @@ def test_reads_the_original_tools_records(name, whole_word):
     path = os.path.join(FIXTURES, name)
     dataset = tf.data.TFRecordDataset(path).batch(100)
     batch = next(iter(dataset))
-    parsed = tfrecords.parse_masked(batch, max_seq_length=128, max_predictions_per_seq=20)
+    parsed = records.parse(batch, records.MASKED, max_seq_length=128, max_predictions_per_seq=20)
     expected = {k: v.dtype for k, v in _original_name_to_features(128, 20).items()}
     assert {k: v.dtype for k, v in parsed.items()} == expected
-    records = len(batch)
-    assert records == (60 if not whole_word else 64)
-    assert parsed["input_ids"].shape == (records, 128)
-    assert parsed["masked_lm_weights"].shape == (records, 20)
-    assert parsed["next_sentence_labels"].shape == (records, 1)
+    count = len(batch)
+    assert count == (60 if not whole_word else 64)
+    assert parsed["input_ids"].shape == (count, 128)
+    assert parsed["masked_lm_weights"].shape == (count, 20)
+    assert parsed["next_sentence_labels"].shape == (count, 1)
     parsed = {k: v.numpy() for k, v in parsed.items()}
     labels = parsed["next_sentence_labels"].ravel()
     assert 0 < labels.mean() < 1  # both kinds of pair are present
     replaced = total = 0
-    for i in range(records):
+    for i in range(count):
         features = {k: v[i] for k, v in parsed.items()}
         words, positions, label_ids = _check_original_record(
             features, tokenizer.convert_ids_to_tokens, whole_word
@@ -185,6 +186,8 @@ def test_reads_the_original_tools_records(name, whole_word):
     assert batch["input_ids"].dtype == np.int32 and batch["input_ids"].shape == (8, 128)
     assert batch["masked_lm_weights"].dtype == np.float32
     assert batch["next_sentence_labels"].shape == (8,)
+    # The batch is laid out as the schema says (and `train.example_batch` builds it).
+    assert {k: (v.shape, v.dtype) for k, v in batch.items()} == records.batch_spec(8, 128, 20)
 
 
 # ----------------------------------------------------------------------------- pipeline
@@ -206,11 +209,11 @@ def _write_dataset(directory, num_files, per_file, dynamic):
                 }
                 if dynamic:
                     example["word_starts"] = [0, 1, 0, 1, 0, 1, 1, 0, 0]
-                    record = tfrecords.serialize_unmasked(example, max_seq_length=T)
+                    record = protobuf_records.serialize_unmasked(example, max_seq_length=T)
                 else:
                     example["masked_lm_positions"] = [2]
                     example["masked_lm_ids"] = [7]
-                    record = tfrecords.serialize_masked(
+                    record = protobuf_records.serialize_masked(
                         example, max_seq_length=T, max_predictions_per_seq=P
                     )
                 writer.write(record)
