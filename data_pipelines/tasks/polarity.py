@@ -15,9 +15,9 @@ The task (SST-2-like binary classification), fixed and documented here:
 
 Where the file comes from (first that applies): an explicit path (the sdist, the inner
 `hutto_ICWSM_2014.tar.gz`, or the extracted text file); the sdist cached in
-`~/.cache/bert_jax/`; else `pip download --no-binary :all: --no-deps vadersentiment==3.3.2`
-into that cache, which asks the package registry (pip's own cache serves it when the
-registry is out of reach). Prefetch it with:
+`~/.cache/bert_jax/`; else the sdist of vadersentiment==3.3.2 fetched from the package
+registry into that cache and checked against its pinned sha256 (`data_pipelines.registry`).
+Prefetch it with:
 
   python -m data_pipelines.tasks.polarity [--cache_dir=~/.cache/bert_jax]
 """
@@ -27,22 +27,25 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
-import os
-import subprocess
-import sys
 import tarfile
 
 import numpy as np
 
+from data_pipelines import registry
 from data_pipelines.tasks.formats import SentenceExample, TaskDataError
 
 log = logging.getLogger(__name__)
 
 VADER_VERSION = "3.3.2"
 SDIST_NAME = f"vaderSentiment-{VADER_VERSION}.tar.gz"
+SDIST = registry.PackageFile(
+    "vadersentiment", SDIST_NAME,
+    "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9",
+    prefetch="python -m data_pipelines.tasks.polarity",
+)  # fmt: skip
 INNER_TARBALL = "additional_resources/hutto_ICWSM_2014.tar.gz"
 GROUND_TRUTH = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
-DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "bert_jax")
+DEFAULT_CACHE_DIR = registry.DEFAULT_CACHE_DIR
 
 LABELS = ("0", "1")  # negative, positive
 SPLIT_SEED = 20140601
@@ -67,29 +70,11 @@ class PolarityData:
 
 
 def fetch_sdist(cache_dir: str = DEFAULT_CACHE_DIR, *, allow_download: bool = True) -> str:
-    """The path of the vaderSentiment sdist in `cache_dir`, downloading it with pip if asked."""
-    cache_dir = os.path.expanduser(cache_dir)
-    path = os.path.join(cache_dir, SDIST_NAME)
-    if os.path.exists(path):
-        return path
-    if not allow_download:
-        raise TaskDataError(
-            f"{path} is missing; fetch it with `python -m data_pipelines.tasks.polarity` or pass "
-            "the sdist / movieReviewSnippets_GroundTruth.txt path explicitly"
-        )
-    os.makedirs(cache_dir, exist_ok=True)
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-        "--no-build-isolation", f"vadersentiment=={VADER_VERSION}", "-d", cache_dir,
-    ]  # fmt: skip
-    log.info("Fetching the sentence-polarity data: %s", " ".join(command))
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode or not os.path.exists(path):
-        raise TaskDataError(
-            f"could not fetch {SDIST_NAME} with pip (exit {result.returncode}):\n"
-            f"{result.stderr.strip()[-2000:]}"
-        )
-    return path
+    """The path of the vaderSentiment sdist in `cache_dir`, downloading it if asked."""
+    try:
+        return registry.fetch(SDIST, cache_dir, allow_download=allow_download)
+    except registry.RegistryError as e:
+        raise TaskDataError(str(e)) from e
 
 
 def _ground_truth_bytes(path: str) -> tuple[bytes, str]:
