@@ -106,26 +106,41 @@ def extract(archive: str, members: dict[str, str]) -> dict[str, str]:
     """Copies `members` (archive path -> destination path) out of a tar or zip, once each.
 
     Returns the destination paths by member. A destination that exists is kept as it is.
+    A compressed tar is read in one pass, however many members are wanted.
     """
     missing = {m: dest for m, dest in members.items() if not os.path.exists(dest)}
-    if missing:
-        opened = zipfile.ZipFile(archive) if zipfile.is_zipfile(archive) else None
-        tar = None if opened else tarfile.open(archive)
-        try:
+    if not missing:
+        return dict(members)
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as z:
+            names = set(z.namelist())
             for member, dest in missing.items():
-                try:
-                    source = opened.open(member) if opened else tar.extractfile(member)
-                except KeyError:
-                    raise RegistryError(f"{archive}: has no {member}") from None
+                if member not in names:
+                    raise RegistryError(f"{archive}: has no {member}")
+                with z.open(member) as source:
+                    _write(source, dest)
+        return dict(members)
+    with tarfile.open(archive) as tar:
+        for info in tar:
+            if info.name in missing:
+                source = tar.extractfile(info)
                 if source is None:
-                    raise RegistryError(f"{archive}: {member} is not a file")
-                os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-                with source, open(dest + ".part", "wb") as out:
-                    shutil.copyfileobj(source, out, _CHUNK)
-                os.replace(dest + ".part", dest)
-        finally:
-            (opened or tar).close()
+                    raise RegistryError(f"{archive}: {info.name} is not a file")
+                with source:
+                    _write(source, missing.pop(info.name))
+                if not missing:
+                    break
+    if missing:
+        raise RegistryError(f"{archive}: has no {', '.join(sorted(missing))}")
     return dict(members)
+
+
+def _write(source, dest: str) -> None:
+    """`source`'s bytes to `dest`, through `dest.part` (renamed once complete)."""
+    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    with open(dest + ".part", "wb") as out:
+        shutil.copyfileobj(source, out, _CHUNK)
+    os.replace(dest + ".part", dest)
 
 
 class _Links(html.parser.HTMLParser):

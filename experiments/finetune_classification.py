@@ -177,7 +177,12 @@ def finetune(
 
     features = {
         split: encode_sentences(
-            examples, tokenizer, config.max_seq_length, task.labels, name=f"{task.name} {split}"
+            examples,
+            tokenizer,
+            config.max_seq_length,
+            task.labels,
+            name=f"{task.name} {split}",
+            keep_tail=config.keep_tail,
         )  # fmt: skip
         for split, examples in task.splits.items()
     }

@@ -103,7 +103,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if config.data_source == "tfds":
             return squad.read_tfds(path, version=config.version, is_training=is_training)
         return squad.read_squad(path, is_training=is_training,
-                                skip_mismatched=config.skip_mismatched)  # fmt: skip
+                                skip_mismatched=config.skip_mismatched,
+                                realign_mismatched=config.realign_mismatched)  # fmt: skip
 
     train_examples = read(config.train_file, True)
     eval_examples = read(config.predict_file, False)

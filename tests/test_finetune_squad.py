@@ -127,6 +127,32 @@ def test_answer_not_at_its_offset_is_named(tmp_path, caplog):
     assert "skipped 1 question(s)" in caplog.text
 
 
+def test_answer_off_its_offset_is_realigned_to_the_nearest_occurrence(tmp_path, caplog):
+    # "engineers" occurs twice; the offset (one too small, as in real SQuAD-format files)
+    # is nearest the second occurrence.
+    context = "engineers planned it; the tower was built in 1889 by engineers."
+    first, second = context.find("engineers"), context.rfind("engineers")
+    qa = {
+        "id": "q7",
+        "question": "Who?",
+        "answers": [{"text": "engineers", "answer_start": second - 1}],
+    }
+    missing = {"id": "q8", "question": "What?", "answers": [{"text": "bridge", "answer_start": 4}]}
+    paragraph = {"context": context, "qas": [qa]}
+    path = _write(tmp_path, {"data": [{"title": "Tower", "paragraphs": [paragraph]}]})
+    (example,) = squad.read_squad(path, is_training=True, realign_mismatched=True)
+    assert example.doc_words[example.start_word : example.end_word + 1] == ("engineers.",)
+    assert example.start_word == len(context[:second].split())  # the second, not the first
+    assert first == 0
+    assert f"answer 'engineers' realigned from answer_start={second - 1} to {second}" in caplog.text
+    assert "realigned 1 answer(s)" in caplog.text
+    # A text that is nowhere in the context is still an error, never realigned.
+    paragraph["qas"] = [missing]
+    path = _write(tmp_path, {"data": [{"title": "Tower", "paragraphs": [paragraph]}]})
+    with pytest.raises(TaskDataError, match="question q8: answer 'bridge' does not match"):
+        squad.read_squad(path, is_training=True, realign_mismatched=True)
+
+
 def test_malformed_json_and_missing_fields_are_named(tmp_path):
     with pytest.raises(TaskDataError, match=r"bad.json:2:13: not valid JSON"):
         squad.read_squad(_write(tmp_path, '{"data": [\n  {"title": }]}'), is_training=False)

