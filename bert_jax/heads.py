@@ -1,4 +1,5 @@
-"""Task heads on top of `BertModel`: pretraining (MLM + NSP), classification, tagging, QA.
+"""Task heads on top of `BertModel`: pretraining (MLM + NSP), classification, tagging, QA,
+multiple choice.
 
 Each model keeps the encoder under the name `bert`, so that an encoder checkpoint
 restores into any of them and a fresh head is the only thing left to initialise.
@@ -110,6 +111,31 @@ class BertForSequenceClassification(nn.Module):
             raise ValueError(f"pooling must be 'cls' or 'mean', not {self.pooling!r}")
         x = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic)
         return dense(self.config, self.num_labels, ("embed", None), "classifier")(x)  # (B, C)
+
+
+class BertForMultipleChoice(nn.Module):
+    """Each choice's pooled [CLS] -> dropout -> one score; softmax over the choices.
+
+    The paper's SWAG head: inputs are (B, K, T), one `[CLS] context [SEP] ending [SEP]`
+    sequence per choice, encoded as one batch of B*K; the output is (B, K) logits. Any
+    leading shape works the same way ((B, T) inputs give (B,) scores, as when the model is
+    initialised from single sequences); the weights are those of a one-output classifier.
+    """
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask, token_type_ids, *, deterministic: bool = True):
+        leading, length = input_ids.shape[:-1], input_ids.shape[-1]
+        out = BertModel(self.config, name="bert")(
+            input_ids.reshape(-1, length),  # (B*K, T)
+            input_mask.reshape(-1, length),
+            token_type_ids.reshape(-1, length),
+            deterministic=deterministic,
+        )
+        x = nn.Dropout(self.config.hidden_dropout_prob)(out.pooled_output, deterministic)
+        scores = dense(self.config, 1, ("embed", None), "classifier")(x)  # (B*K, 1)
+        return scores.reshape(leading)  # (B, K)
 
 
 class BertForTokenClassification(nn.Module):
