@@ -34,6 +34,12 @@ REMAT_POLICIES = (
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
+ATTENTION_IMPLEMENTATIONS = (
+    "einsum",  # two einsums around an f32 softmax, written out here: the reference (default)
+    "xla",  # jax.nn.dot_product_attention(implementation="xla"): the same math, XLA's op
+    "cudnn",  # jax.nn.dot_product_attention(implementation="cudnn"): fused, GPU only
+)
+
 HIDDEN_ACTS = (
     "gelu",  # exact GELU, x * Phi(x) with erf: PyTorch's and transformers' "gelu"
     "gelu_tanh",  # the tanh approximation in google-research/bert (modeling.gelu)
@@ -74,6 +80,10 @@ class BertConfig:
     param_dtype: str = "float32"  # storage dtype of parameters (master weights)
     scan_layers: bool = False  # stack the layers under one `nn.scan` (faster compiles)
     remat_policy: str = "none"  # rematerialisation of each layer, one of REMAT_POLICIES
+    # How attention is computed, one of ATTENTION_IMPLEMENTATIONS. The two fused ones
+    # ("xla", "cudnn") cannot drop attention probabilities: training with them needs
+    # attention_probs_dropout_prob=0 (the model refuses otherwise), a recipe change.
+    attention_implementation: str = "einsum"
 
     def __post_init__(self):
         problems = []
@@ -110,6 +120,11 @@ class BertConfig:
         if self.remat_policy not in REMAT_POLICIES:
             problems.append(
                 f"remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}"
+            )
+        if self.attention_implementation not in ATTENTION_IMPLEMENTATIONS:
+            problems.append(
+                f"attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, got "
+                f"{self.attention_implementation!r}"
             )
         if problems:
             raise ConfigError("invalid BertConfig: " + "; ".join(problems))

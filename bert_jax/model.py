@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.config import BertConfig
+from bert_jax.config import BertConfig, ConfigError
 
 # TF1's truncated_normal_initializer(stddev) draws from N(0, stddev) cut at 2 stddev, so
 # its samples have a smaller spread; jax's initializer normalises to the requested stddev.
@@ -115,10 +115,28 @@ def dense(config: BertConfig, features, names: tuple[str | None, ...], name: str
     return Dense(config, features, names, contract, name=name)
 
 
-def attention_bias(input_mask: jax.Array) -> jax.Array:
-    """(B, S) 1/0 mask -> (B, 1, 1, S) additive bias: 0 where attended, -inf-ish elsewhere."""
+def attention_mask(input_mask: jax.Array, instance_ids: jax.Array | None = None) -> jax.Array:
+    """Which keys each query attends, as a boolean mask broadcastable to (B, A, T, S).
+
+    Unpacked rows, (B, T) 1/0 `input_mask` -> (B, 1, 1, S): every query attends the real
+    tokens. Packed rows, (B, T) `instance_ids` (1, 2, ... per instance, 0 on padding) ->
+    (B, 1, T, S) block-diagonal: a token attends only its own instance, and padding attends
+    nothing and is attended by nothing.
+    """
+    if instance_ids is None:
+        return (input_mask > 0)[:, None, None, :]
+    same = instance_ids[:, :, None] == instance_ids[:, None, :]  # (B, T, S)
+    return (same & (instance_ids[:, None, :] > 0))[:, None]
+
+
+def attention_bias(mask: jax.Array) -> jax.Array:
+    """A boolean attention mask -> the additive f32 bias: 0 where attended, -inf-ish elsewhere.
+
+    A query that attends nothing (packed padding) gets the same bias on every key, hence
+    uniform (finite) probabilities over junk it never passes on.
+    """
     big_negative = jnp.finfo(jnp.float32).min
-    return jnp.where(input_mask[:, None, None, :] > 0, 0.0, big_negative).astype(jnp.float32)
+    return jnp.where(mask, 0.0, big_negative).astype(jnp.float32)
 
 
 class Embeddings(nn.Module):
@@ -141,7 +159,7 @@ class Embeddings(nn.Module):
         self.layer_norm = layer_norm(cfg, "layer_norm")
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def __call__(self, input_ids, token_type_ids, deterministic: bool):
+    def __call__(self, input_ids, token_type_ids, deterministic: bool, position_ids=None):
         length = input_ids.shape[1]
         if length > self.config.max_position_embeddings:
             raise ValueError(
@@ -149,7 +167,10 @@ class Embeddings(nn.Module):
                 f"{self.config.max_position_embeddings}"
             )
         x = self.word_embeddings(input_ids)  # (B, T, H)
-        x = x + self.position_embeddings(jnp.arange(length))[None]
+        if position_ids is None:  # one instance per row: positions 0..T-1
+            x = x + self.position_embeddings(jnp.arange(length))[None]
+        else:  # packed rows: positions restart at 0 with each instance
+            x = x + self.position_embeddings(position_ids)
         x = x + self.token_type_embeddings(token_type_ids)
         x = self.layer_norm(x.astype(jnp.float32))
         x = self.dropout(x, deterministic=deterministic)
@@ -161,13 +182,19 @@ class Embeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention with an additive mask; softmax in f32."""
+    """Multi-head self-attention under a boolean mask; softmax in f32.
+
+    `config.attention_implementation` picks the computation: "einsum" writes it out (the
+    reference), "xla" and "cudnn" call `jax.nn.dot_product_attention`, which has no dropout
+    on the attention probabilities: with them a training (non-deterministic) call needs
+    `attention_probs_dropout_prob=0`.
+    """
 
     config: BertConfig
     deterministic: bool
 
     @nn.compact
-    def __call__(self, x, bias):  # x: (B, T, H), bias: (B, 1, 1, T)
+    def __call__(self, x, mask):  # x: (B, T, H), mask: (B, 1, 1 or T, S) bool
         cfg = self.config
         heads = (cfg.num_attention_heads, cfg.head_dim)
         names = ("embed", "heads", "kv")
@@ -179,24 +206,46 @@ class SelfAttention(nn.Module):
         v = constrain(v, ("batch", "length", "heads", "kv"))
 
         q = q / math.sqrt(cfg.head_dim)
+        if cfg.attention_implementation == "einsum":
+            dropout = nn.Dropout(cfg.attention_probs_dropout_prob)
+            context = self._einsum(q, k, v, mask, dropout)
+        else:
+            if cfg.attention_probs_dropout_prob > 0 and not self.deterministic:
+                raise ConfigError(
+                    f"attention_implementation={cfg.attention_implementation!r} cannot apply "
+                    f"dropout to attention probabilities: training with it needs "
+                    f"attention_probs_dropout_prob=0, got {cfg.attention_probs_dropout_prob}"
+                )
+            # q is already scaled (as on the einsum path), so the op's own scale is 1.
+            context = jax.nn.dot_product_attention(
+                q.astype(cfg.dtype),
+                k.astype(cfg.dtype),
+                v.astype(cfg.dtype),
+                mask=mask,
+                scale=1.0,
+                implementation=cfg.attention_implementation,
+            )  # (B, T, A, D)
+        context = constrain(context, ("batch", "length", "heads", "kv"))
+        return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1))(
+            context
+        )
+
+    def _einsum(self, q, k, v, mask, dropout):
+        cfg = self.config
         logits = jnp.einsum(
             "btad,bsad->bats",
             q.astype(cfg.dtype),
             k.astype(cfg.dtype),
             preferred_element_type=jnp.float32,
         )  # (B, A, T, S)
-        probs = jax.nn.softmax(logits + bias, axis=-1)
-        probs = nn.Dropout(cfg.attention_probs_dropout_prob)(probs, self.deterministic)
-        context = jnp.einsum(
+        probs = jax.nn.softmax(logits + attention_bias(mask), axis=-1)
+        probs = dropout(probs, self.deterministic)
+        return jnp.einsum(
             "bats,bsad->btad",
             probs.astype(cfg.dtype),
             v.astype(cfg.dtype),
             preferred_element_type=jnp.float32,
         )  # (B, T, A, D)
-        context = constrain(context, ("batch", "length", "heads", "kv"))
-        return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1))(
-            context
-        )
 
 
 class TransformerLayer(nn.Module):
@@ -207,12 +256,12 @@ class TransformerLayer(nn.Module):
     return_hidden: bool = False
 
     @nn.compact
-    def __call__(self, x, bias):
+    def __call__(self, x, mask):
         cfg = self.config
         drop = functools.partial(
             nn.Dropout(cfg.hidden_dropout_prob), deterministic=self.deterministic
         )
-        h = SelfAttention(cfg, self.deterministic, name="attention")(x, bias)
+        h = SelfAttention(cfg, self.deterministic, name="attention")(x, mask)
         x = layer_norm(cfg, "attention_layer_norm")(x + drop(h))
         x = constrain(x, ("batch", "length", "embed"))
 
@@ -238,7 +287,7 @@ class Encoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, bias, deterministic: bool, return_hidden: bool):
+    def __call__(self, x, mask, deterministic: bool, return_hidden: bool):
         """Returns the last layer's output and, if `return_hidden`, every layer's."""
         cfg = self.config
         layer = TransformerLayer
@@ -255,12 +304,12 @@ class Encoder(nn.Module):
                 length=cfg.num_hidden_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
-            x, hidden = scanned(cfg, deterministic, return_hidden, name="layers")(x, bias)
+            x, hidden = scanned(cfg, deterministic, return_hidden, name="layers")(x, mask)
             hidden = list(hidden) if return_hidden else []  # L x (B, T, H)
         else:
             hidden = []
             for i in range(cfg.num_hidden_layers):
-                x, _ = layer(cfg, deterministic, name=f"layer_{i}")(x, bias)
+                x, _ = layer(cfg, deterministic, name=f"layer_{i}")(x, mask)
                 if return_hidden:
                     hidden.append(x)
         return x, hidden
@@ -268,7 +317,7 @@ class Encoder(nn.Module):
 
 class BertOutput(NamedTuple):
     sequence_output: jax.Array  # (B, T, H) last layer
-    pooled_output: jax.Array | None  # (B, H) tanh(dense([CLS]))
+    pooled_output: jax.Array | None  # (B, H) tanh(dense([CLS])); (B, I, H) for packed rows
     hidden_states: tuple[jax.Array, ...]  # embeddings + every layer, when asked for
 
 
@@ -292,17 +341,31 @@ class BertModel(nn.Module):
         *,
         deterministic: bool = True,
         output_hidden_states: bool = False,
+        position_ids: jax.Array | None = None,  # (B, T) packed rows: position in the instance
+        instance_ids: jax.Array | None = None,  # (B, T) packed rows: 1, 2, ... per instance
+        cls_positions: jax.Array | None = None,  # (B, I) packed rows: each instance's [CLS]
     ) -> BertOutput:
+        """The encoder; packed rows (several instances each) give the three packing inputs.
+
+        With `instance_ids`, attention stays inside each instance; with `cls_positions` the
+        pooled output is (B, I, H), one per instance, instead of (B, H) at position 0.
+        """
         if input_mask is None:
             input_mask = jnp.ones_like(input_ids)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
-        embedded = self.embeddings(input_ids, token_type_ids, deterministic)
-        bias = attention_bias(input_mask)
-        x, hidden = self.encoder(embedded, bias, deterministic, output_hidden_states)
+        embedded = self.embeddings(input_ids, token_type_ids, deterministic, position_ids)
+        mask = attention_mask(input_mask, instance_ids)
+        x, hidden = self.encoder(embedded, mask, deterministic, output_hidden_states)
         pooled = None
         if self.add_pooling_layer:
-            pooled = jnp.tanh(self.pooler(x[:, 0]).astype(jnp.float32))  # (B, H)
+            if cls_positions is None:
+                cls_states = x[:, 0]  # (B, H)
+            else:
+                cls_states = jnp.take_along_axis(
+                    x, cls_positions[..., None].astype(jnp.int32), axis=1
+                )  # (B, I, H)
+            pooled = jnp.tanh(self.pooler(cls_states).astype(jnp.float32))
         states = (embedded, *hidden) if output_hidden_states else ()
         return BertOutput(x, pooled, states)
 

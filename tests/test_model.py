@@ -236,6 +236,75 @@ def test_scan_and_loop_differ_only_in_layout():
     )
 
 
+# --- Attention implementation -----------------------------------------------------------------
+
+NO_ATTENTION_DROPOUT = TINY.replace(attention_probs_dropout_prob=0.0)
+
+
+def _relative_error(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def test_fused_attention_equals_einsum_with_padding():
+    """jax.nn.dot_product_attention (XLA) computes what the einsum path does: the encoder's
+    outputs and the pretraining loss's gradients, under padding and hidden dropout."""
+    ids, mask, types, positions = _inputs()
+    einsum = BertForPreTraining(NO_ATTENTION_DROPOUT)
+    fused = BertForPreTraining(NO_ATTENTION_DROPOUT.replace(attention_implementation="xla"))
+    params = _init(einsum, ids, mask, types, positions)
+    # The same parameter tree: checkpoints, conversion and export do not see the switch.
+    assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(
+        _init(fused, ids, mask, types, positions)
+    )
+    real = np.asarray(mask, bool)
+    outs = [
+        _apply(m, params, ids, mask, types, method=BertForPreTraining.encode)
+        for m in (einsum, fused)
+    ]
+    # Padding queries' outputs are never used; compare the real tokens' and the pooler's.
+    assert _relative_error(outs[1].sequence_output[real], outs[0].sequence_output[real]) < 1e-5
+    assert _relative_error(outs[1].pooled_output, outs[0].pooled_output) < 1e-5
+
+    labels = jnp.asarray(np.random.default_rng(1).integers(0, TINY.vocab_size, (B, P)))
+
+    def loss(params, module):  # MLM + NSP cross-entropies, in training mode (hidden dropout)
+        rngs = {"dropout": jax.random.key(3)}
+        out = _apply(module, params, ids, mask, types, positions, deterministic=False, rngs=rngs)
+        mlm = -jnp.take_along_axis(jax.nn.log_softmax(out.mlm_logits), labels[..., None], -1)
+        return mlm.mean() - jax.nn.log_softmax(out.nsp_logits)[:, 0].mean()
+
+    (l0, g0), (l1, g1) = (jax.value_and_grad(loss)(params, m) for m in (einsum, fused))
+    assert abs(float(l1 - l0)) <= 1e-5 * abs(float(l0))
+    scale = max(float(np.abs(g).max()) for g in jax.tree_util.tree_leaves(g0))
+    for path, got in jax.tree_util.tree_leaves_with_path(g1):
+        want = _get(g0, path)
+        name = jax.tree_util.keystr(path)
+        if "['key']['bias']" in name:
+            # Zero in exact arithmetic (softmax ignores a per-query constant): both are noise.
+            assert max(float(np.abs(got).max()), float(np.abs(want).max())) < 1e-6 * scale
+        else:
+            assert _relative_error(got, want) < 1e-5, name
+
+
+def _get(tree, path):
+    for key in path:
+        tree = tree[key.key]
+    return tree
+
+
+def test_fused_attention_refuses_attention_dropout_in_training():
+    ids, mask, types, _ = _inputs()
+    model = BertModel(TINY.replace(attention_implementation="xla"))  # dropout 0.1
+    params = _init(model, ids, mask, types)
+    _apply(model, params, ids, mask, types)  # inference: nothing is dropped, so it runs
+    with pytest.raises(ConfigError) as err:
+        rngs = {"dropout": jax.random.key(0)}
+        _apply(model, params, ids, mask, types, deterministic=False, rngs=rngs)
+    assert "attention_implementation='xla'" in str(err.value)
+    assert "attention_probs_dropout_prob=0" in str(err.value)
+
+
 # --- Config -----------------------------------------------------------------------------------
 
 
@@ -251,6 +320,7 @@ def test_scan_and_loop_differ_only_in_layout():
         (dict(remat_policy="some"), "remat_policy must be one of"),
         (dict(dtype="int8"), "dtype must be one of"),
         (dict(layer_norm_eps=0.0), "layer_norm_eps must be positive"),
+        (dict(attention_implementation="flash"), "attention_implementation must be one of"),
     ],
 )
 def test_config_validation(changes, message):
