@@ -53,11 +53,16 @@ class MaskedLMHead(nn.Module):
 
 class PreTrainingOutput(NamedTuple):
     mlm_logits: jax.Array  # (B, P, V) at the gathered masked_lm_positions only
-    nsp_logits: jax.Array  # (B, 2) 0 = B follows A, 1 = B is random (the original labels)
+    nsp_logits: jax.Array  # (B, 2) 0 = B follows A, 1 = B is random (the original labels);
+    # (B, I, 2) for packed rows, one per instance slot
 
 
 class BertForPreTraining(nn.Module):
-    """Encoder + MLM head (only at `masked_lm_positions`) + next-sentence head."""
+    """Encoder + MLM head (only at `masked_lm_positions`) + next-sentence head.
+
+    Packed rows (`data_pipelines.packing`) add `position_ids`, `instance_ids` and
+    `cls_positions` (see `BertModel`): NSP is then predicted at each instance's [CLS].
+    """
 
     config: BertConfig
 
@@ -74,8 +79,19 @@ class BertForPreTraining(nn.Module):
         masked_lm_positions,  # (B, P) int
         *,
         deterministic: bool = True,
+        position_ids=None,  # (B, T) packed rows only
+        instance_ids=None,  # (B, T) packed rows only
+        cls_positions=None,  # (B, I) packed rows only
     ) -> PreTrainingOutput:
-        out = self.bert(input_ids, input_mask, token_type_ids, deterministic=deterministic)
+        out = self.bert(
+            input_ids,
+            input_mask,
+            token_type_ids,
+            deterministic=deterministic,
+            position_ids=position_ids,
+            instance_ids=instance_ids,
+            cls_positions=cls_positions,
+        )
         masked_states = gather_positions(out.sequence_output, masked_lm_positions)
         mlm_logits = self.mlm(masked_states, self.bert.embeddings.word_table())
         return PreTrainingOutput(mlm_logits, self.nsp(out.pooled_output))

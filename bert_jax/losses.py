@@ -1,4 +1,9 @@
-"""Pretraining losses and accuracies: MLM over `masked_lm_weights`, NSP over the batch."""
+"""Pretraining losses and accuracies: MLM over `masked_lm_weights`, NSP over the batch.
+
+Both average per instance as if unpacked, so a packed batch has the loss of the same
+instances unpacked: MLM is one weighted mean over every prediction of the batch, wherever
+they sit, and NSP the mean over real instances (`instance_weights` of a packed batch).
+"""
 
 from __future__ import annotations
 
@@ -29,9 +34,20 @@ def pretraining_loss(
         outputs.mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"]
     )
     nsp_logits = outputs.nsp_logits.astype(jnp.float32)
-    nsp_labels = batch["next_sentence_labels"].reshape(-1)
-    nsp_loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(nsp_logits, nsp_labels))
-    nsp_accuracy = jnp.mean((jnp.argmax(nsp_logits, axis=-1) == nsp_labels).astype(jnp.float32))
+    if "instance_weights" in batch:  # packed: (B, I) instance slots, the empty ones weigh 0
+        nsp_labels = batch["instance_next_sentence_labels"]
+        weights = batch["instance_weights"].astype(jnp.float32)
+        count = jnp.maximum(jnp.sum(weights), 1.0)  # real instances
+        nsp_ce = optax.softmax_cross_entropy_with_integer_labels(nsp_logits, nsp_labels)
+        nsp_loss = jnp.sum(nsp_ce * weights) / count
+        nsp_correct = (jnp.argmax(nsp_logits, axis=-1) == nsp_labels).astype(jnp.float32)
+        nsp_accuracy = jnp.sum(nsp_correct * weights) / count
+    else:
+        nsp_labels = batch["next_sentence_labels"].reshape(-1)
+        nsp_ce = optax.softmax_cross_entropy_with_integer_labels(nsp_logits, nsp_labels)
+        nsp_loss = jnp.mean(nsp_ce)
+        nsp_correct = (jnp.argmax(nsp_logits, axis=-1) == nsp_labels).astype(jnp.float32)
+        nsp_accuracy = jnp.mean(nsp_correct)
     loss = mlm_loss + nsp_loss
     metrics = {
         "loss": loss,

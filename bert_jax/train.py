@@ -39,6 +39,8 @@ from data_pipelines import records
 
 # The batch features BertForPreTraining takes, in the order of its positional arguments.
 MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
+# The keyword inputs it takes from a packed batch only; an unpacked step never sees them.
+PACKING_INPUTS = ("position_ids", "instance_ids", "cls_positions")
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> BertConfig:
@@ -46,14 +48,23 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = Non
     return BertConfig.from_experiment(config.model, vocab_size)
 
 
-def example_batch(batch_size: int, seq_len: int, predictions: int) -> dict[str, jax.Array]:
-    """Zeros with the shapes and dtypes of a training batch (for init and tracing)."""
-    layout = records.batch_spec(batch_size, seq_len, predictions)
+def max_instances_per_row(config: ml_collections.ConfigDict) -> int | None:
+    """Instances packed per row (`config.data.pack`), or None for unpacked batches."""
+    data = config.data
+    return data.max_instances_per_row if data.get("pack", False) else None
+
+
+def example_batch(
+    batch_size: int, seq_len: int, predictions: int, instances: int | None = None
+) -> dict[str, jax.Array]:
+    """Zeros with the shapes and dtypes of a training batch (packed with `instances`)."""
+    layout = records.batch_spec(batch_size, seq_len, predictions, instances)
     return {k: jnp.zeros(shape, dtype) for k, (shape, dtype) in layout.items()}
 
 
 def _apply(model, params, batch, **kwargs):
-    return model.apply({"params": params}, *init_inputs(batch), **kwargs)
+    packed = {k: batch[k] for k in PACKING_INPUTS if k in batch}
+    return model.apply({"params": params}, *init_inputs(batch), **packed, **kwargs)
 
 
 def init_inputs(batch: dict[str, jax.Array]) -> list[jax.Array]:
@@ -74,12 +85,20 @@ def eval_step(params, batch, *, model):
 
 
 def jit_steps(
-    model, tx, schedule, mesh, shardings, accum_steps: int = 1, rules=sharding.DEFAULT_RULES
+    model,
+    tx,
+    schedule,
+    mesh,
+    shardings,
+    accum_steps: int = 1,
+    rules=sharding.DEFAULT_RULES,
+    batch_keys=records.BATCH,
 ):
-    """The jitted train and eval steps with explicit in/out shardings."""
+    """The jitted train and eval steps with explicit in/out shardings, for batches of
+    `batch_keys` (`records.PACKED_BATCH` for packed batches)."""
     replicated = NamedSharding(mesh, PartitionSpec())
     data = sharding.batch_sharding(mesh, rules)
-    batch_shardings = {k: data for k in records.BATCH}
+    batch_shardings = {k: data for k in batch_keys}
     step = jax.jit(
         make_step(functools.partial(train_loss, model=model), tx, schedule, accum_steps),
         in_shardings=(shardings, batch_shardings, replicated),
@@ -125,7 +144,8 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
     inputs = init_inputs(example_batch(1, data.max_seq_length, data.max_predictions_per_seq))
     rules = sharding.rules_of(config)
     abstract_state, shardings = state_shardings(model, tx, mesh, inputs, rules)
-    step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum, rules)
+    keys = records.BATCH if max_instances_per_row(config) is None else records.PACKED_BATCH
+    step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum, rules, keys)
     return Setup(cfg, model, tx, inputs, abstract_state, shardings, step_fn, eval_fn, rules)
 
 
@@ -148,7 +168,7 @@ def _gather_positions(position: dict) -> list[dict]:
 def _data_identity(config) -> dict:
     """The data settings a saved data position is only valid for."""
     data = config.data
-    return {
+    identity = {
         "train_files": data.train_files,
         "max_seq_length": data.max_seq_length,
         "max_predictions_per_seq": data.max_predictions_per_seq,
@@ -156,6 +176,9 @@ def _data_identity(config) -> dict:
         "global_batch_size": config.global_batch_size,
         "seed": config.seed,
     }
+    if data.get("pack", False):  # only a packed run names it: unpacked identities stay as saved
+        identity["max_instances_per_row"] = data.max_instances_per_row
+    return identity
 
 
 def _make_input(config, position, *, files, seed, mask_config):
@@ -172,6 +195,7 @@ def _make_input(config, position, *, files, seed, mask_config):
         dynamic_masking=data.dynamic_masking,
         masking_config=mask_config,
         start_position=position,
+        max_instances_per_row=max_instances_per_row(config),
     )
 
 

@@ -20,7 +20,10 @@ before parsing) and then yields exactly the batches the uninterrupted run would 
 Positions are per host: in a multi-host run each process saves its own.
 
 Static mode reads masked records (`records.MASKED`: ours or the original BERT tool's);
-dynamic mode reads unmasked records (`records.UNMASKED`).
+dynamic mode reads unmasked records (`records.UNMASKED`). Either can be packed
+(`max_instances_per_row`): the (masked) instances of this stream, in its order, are packed
+into batches of as many rows by `data_pipelines.packing`, whose position adds the instances
+of the current batch already packed.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from data_pipelines import masking, records, tfrecord_files
+from data_pipelines import masking, packing, records, tfrecord_files
 
 # Salts that keep the seeds of different random choices apart.
 _FILE_ORDER_SALT = 1
@@ -303,7 +306,8 @@ def make_pretraining_dataset(
     masking_config: masking.MaskingConfig | None = None,
     start_position: dict[str, Any] | None = None,
     compression: str | None = None,
-) -> PretrainingIterator:
+    max_instances_per_row: int | None = None,
+) -> PretrainingIterator | packing.PackedIterator:
     """The training input for this host, as an endless iterator of numpy batches.
 
     Args:
@@ -320,9 +324,12 @@ def make_pretraining_dataset(
         masking_config: the masking parameters; required with `dynamic_masking`.
         start_position: a saved `PretrainingIterator.position` to resume from.
         compression: None, "GZIP" or "ZLIB", as the files were written.
+        max_instances_per_row: pack up to this many instances into each row (None: one
+            instance per row, the records as they are).
 
     Returns:
-        A `PretrainingIterator`; save its `position` with each checkpoint.
+        A `PretrainingIterator` (a `packing.PackedIterator` when packing); save its
+        `position` with each checkpoint.
 
     Raises:
         FileNotFoundError: a pattern matches nothing.
@@ -366,4 +373,17 @@ def make_pretraining_dataset(
         compression=compression,
     )
     _check_records(spec)
-    return PretrainingIterator(spec, start_position)
+    if max_instances_per_row is None:
+        if start_position is not None and "max_instances_per_row" in start_position:
+            raise ValueError(
+                f"data position {start_position} is a packed stream's; this one is not packed"
+            )
+        return PretrainingIterator(spec, start_position)
+    return packing.PackedIterator(
+        lambda position: PretrainingIterator(spec, position),
+        num_rows=spec.per_host_batch,
+        max_seq_length=max_seq_length,
+        max_predictions_per_seq=max_predictions_per_seq,
+        max_instances_per_row=max_instances_per_row,
+        position=start_position,
+    )

@@ -22,6 +22,12 @@ Records are zero-padded to the fixed shapes, like the original writer's. A train
 has the masked record's features (`BATCH`, laid out by `batch_spec`), whichever record it
 was read from.
 
+A **packed** batch (`PACKED_BATCH`, `data_pipelines.packing`) holds several instances per
+row of `max_seq_length` tokens, at most `max_instances_per_row`: the masked record's token
+and prediction features (masked_lm_positions index the packed row), and per token the
+instance it belongs to and its position in it, per instance slot its [CLS] position, its
+next-sentence label and a weight (1 on real instances, 0 on empty slots).
+
 Writing (`encode`) needs no TensorFlow: `create_pretraining_data`'s workers import this
 module, and importing TensorFlow alone would cost each of them several CPU seconds. Its
 bytes are exactly protobuf's `tf.train.Example(...).SerializeToString(deterministic=True)`
@@ -52,6 +58,7 @@ import numpy as np
 SEQ = "max_seq_length"
 PRED = "max_predictions_per_seq"
 ONE = "one"
+INST = "max_instances_per_row"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +66,7 @@ class Feature:
     """One fixed-length feature of the pretraining records."""
 
     dtype: str  # "int64" or "float32": the two number types tf.train.Example stores
-    length: str  # SEQ, PRED or ONE
+    length: str  # SEQ, PRED, ONE or INST
 
 
 # The schema.
@@ -72,6 +79,12 @@ FEATURES: dict[str, Feature] = {
     "masked_lm_weights": Feature("float32", PRED),  # 1.0 on real predictions, 0.0 on padding
     "next_sentence_labels": Feature("int64", ONE),  # 0: B follows A, 1: B is random
     "word_starts": Feature("int64", SEQ),  # 1 where a whole-word masking unit starts
+    # Packed rows only.
+    "instance_ids": Feature("int64", SEQ),  # 1, 2, ... the token's instance; 0 on padding
+    "position_ids": Feature("int64", SEQ),  # the token's position in its instance
+    "cls_positions": Feature("int64", INST),  # where each instance's [CLS] is
+    "instance_next_sentence_labels": Feature("int64", INST),  # each instance's NSP label
+    "instance_weights": Feature("float32", INST),  # 1.0 on real instances, 0.0 on empty slots
 }
 
 MASKED = (
@@ -86,41 +99,67 @@ MASKED = (
 UNMASKED = ("input_ids", "input_mask", "segment_ids", "word_starts", "next_sentence_labels")
 # A training batch has the masked record's features (dynamic masking makes them in tf.data).
 BATCH = MASKED
+# A packed training batch: the masked record's token and prediction features, and packing's.
+PACKED_BATCH = (
+    *(name for name in MASKED if name != "next_sentence_labels"),
+    "instance_ids",
+    "position_ids",
+    "cls_positions",
+    "instance_next_sentence_labels",
+    "instance_weights",
+)
 
 
 def shapes(
-    names: Sequence[str], max_seq_length: int, max_predictions_per_seq: int | None = None
+    names: Sequence[str],
+    max_seq_length: int,
+    max_predictions_per_seq: int | None = None,
+    max_instances_per_row: int | None = None,
 ) -> dict[str, tuple[int]]:
-    """The fixed shape of each feature of `names` in one record.
+    """The fixed shape of each feature of `names` in one record (or packed row).
 
     Raises:
         ValueError: a length below 1, or no `max_predictions_per_seq` for a masked_lm_*
-            feature.
+            feature, or no `max_instances_per_row` for a per-instance feature.
     """
     if max_seq_length < 1:
         raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
     if max_predictions_per_seq is not None and max_predictions_per_seq < 1:
         raise ValueError(f"max_predictions_per_seq must be >= 1, got {max_predictions_per_seq}")
-    lengths = {SEQ: max_seq_length, PRED: max_predictions_per_seq, ONE: 1}
+    if max_instances_per_row is not None and max_instances_per_row < 1:
+        raise ValueError(f"max_instances_per_row must be >= 1, got {max_instances_per_row}")
+    lengths = {
+        SEQ: max_seq_length,
+        PRED: max_predictions_per_seq,
+        ONE: 1,
+        INST: max_instances_per_row,
+    }
     out = {}
     for name in names:
         length = lengths[FEATURES[name].length]
         if length is None:
-            raise ValueError(f"feature {name!r} needs max_predictions_per_seq")
+            raise ValueError(f"feature {name!r} needs {FEATURES[name].length}")
         out[name] = (length,)
     return out
 
 
 def batch_spec(
-    batch_size: int, max_seq_length: int, max_predictions_per_seq: int
+    batch_size: int,
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    max_instances_per_row: int | None = None,
 ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """(shape, dtype) of each array of a training batch of `batch_size` examples.
+    """(shape, dtype) of each array of a training batch of `batch_size` examples (rows).
 
     int64 features become int32 (JAX's default integers; ids, positions and labels fit),
     float32 ones stay, and a one-value feature is one scalar per example: (B,), not (B, 1).
+    With `max_instances_per_row` the batch is packed (`PACKED_BATCH`).
     """
+    names = BATCH if max_instances_per_row is None else PACKED_BATCH
     spec = {}
-    for name, (length,) in shapes(BATCH, max_seq_length, max_predictions_per_seq).items():
+    for name, (length,) in shapes(
+        names, max_seq_length, max_predictions_per_seq, max_instances_per_row
+    ).items():
         feature = FEATURES[name]
         shape = (batch_size,) if feature.length == ONE else (batch_size, length)
         spec[name] = (shape, np.dtype(np.int32 if feature.dtype == "int64" else np.float32))

@@ -65,6 +65,8 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.data.masked_lm_prob = 0.15  # dynamic masking only
     config.data.whole_word_mask = False  # dynamic masking only
     config.data.shuffle_buffer = 10_000  # records in the shuffle buffer (per host)
+    config.data.pack = False  # True: several instances per row, kept apart (data_pipelines.packing)
+    config.data.max_instances_per_row = 4  # instance slots of a packed row (NSP predictions)
 
     config.global_batch_size = 256  # sequences per step over all devices (the paper's)
     config.num_train_steps = NUM_TRAIN_STEPS  # length of the learning-rate schedule

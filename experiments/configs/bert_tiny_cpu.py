@@ -38,6 +38,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.masked_lm_prob = 0.15  # dynamic masking only
     config.data.whole_word_mask = False  # dynamic masking only
     config.data.shuffle_buffer = 10_000  # records in the shuffle buffer
+    config.data.pack = False  # True: several instances per row, kept apart (data_pipelines.packing)
+    config.data.max_instances_per_row = 4  # instance slots of a packed row (NSP predictions)
 
     config.global_batch_size = 64  # sequences per step over all devices
     config.num_train_steps = 2_000  # length of the learning-rate schedule
