@@ -166,8 +166,9 @@ def pack_rows(
 class PackedIterator:
     """Packs the batches of an unpacked stream into packed batches of as many rows.
 
-    `source` is a `make_source(position)` returning an iterator of unpacked per-host batches
-    (`input_pipeline.PretrainingIterator`) whose `position` is where its next batch starts.
+    `make_source(position)` returns the unpacked stream from a position (None: its start):
+    an iterator of per-host batches (`input_pipeline.PretrainingIterator`) whose `position`
+    is where its next batch starts. Packing is done here, on the host, in numpy.
     The packed stream's position is the unpacked stream's position of the batch being
     consumed plus the instances of it already packed, so a resumed run packs exactly the
     rows an uninterrupted one would.
