@@ -10,12 +10,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import protobuf_records
 import pytest
 
-from bert_jax import train
+from bert_jax import sharding, train
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
+from bert_jax.train_state import sharded_state
 from data_pipelines import input_pipeline, packing, records, tfrecord_files
 
 CLS, SEP, MASK = 101, 102, 103
@@ -229,6 +231,30 @@ def test_packed_batch_has_the_unpacked_loss_and_gradients():
                 assert np.abs(want_leaves[path]).max() < 1e-6 * scale, name
             else:
                 assert _relative_error(value, want_leaves[path]) < 1e-5, name
+
+
+def test_the_sharded_eval_step_takes_a_packed_batch():
+    """train.jit_steps' packed batch layout on a (data 4, fsdp 2) mesh: a packed batch (its
+    empty rows all padding) scores what the unpacked one does."""
+    unpacked = _unpacked_batch(_random_instances(seed=3, count=8))
+    sizes = dict(max_seq_length=T, max_predictions_per_seq=P, max_instances_per_row=INST)
+    rows, consumed = packing.first_fit(*packing.instance_sizes(unpacked), num_rows=8, **sizes)
+    assert consumed == 8 and len(rows) < 8
+    packed = packing.pack_rows(unpacked, rows, num_rows=8, **sizes)
+    model = BertForPreTraining(CONFIG.replace(num_hidden_layers=1))  # compiles in half the time
+    tx, mesh = optax.sgd(0.1), sharding.create_mesh((4, 2, 1))
+    inputs = train.init_inputs(train.example_batch(1, T, P))
+    state, shardings = sharded_state(model, tx, mesh, inputs, rng=jax.random.key(0))
+    scores = []
+    with sharding.activation_context(mesh):
+        for batch, keys in ((unpacked, records.BATCH), (packed, records.PACKED_BATCH)):
+            _, evaluate = train.jit_steps(model, tx, optax.constant_schedule(0.1), mesh, shardings,
+                                          batch_keys=keys)  # fmt: skip
+            scores.append(
+                jax.device_get(evaluate(state.params, sharding.global_batch(batch, mesh)))
+            )
+    for key, value in scores[0].items():
+        assert abs(scores[1][key] - value) <= 1e-5 * abs(value), key
 
 
 # --- the input pipeline -----------------------------------------------------------------------
