@@ -238,17 +238,19 @@ def test_tiny_config_compiles_for_a_v4_slice_and_fits():
     assert "compiler's estimate" in out
 
 
+_ESTIMATE = re.compile(
+    r"compiler's estimate \(unrolled layers\): ([\d.]+) ms/step = MFU ([\d.]+)%, "
+    r"([\d,]+) steps = ([\d.]+) days \(([\d,]+) chip-hours\)"
+)
+
+
 @needs_libtpu
 def test_compiler_estimate_for_a_v3_slice_is_positive_and_consistent():
     result = _aot("--config=experiments/configs/bert_tiny_cpu.py", "--topology=v3:2x2")
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     out = result.stdout
     assert "8 x TPU v3 (4 chips)" in out
-    found = re.search(
-        r"compiler's estimate \(unrolled layers\): ([\d.]+) ms/step = MFU ([\d.]+)%, "
-        r"([\d,]+) steps = ([\d.]+) days \(([\d,]+) chip-hours\)",
-        out,
-    )
+    found = _ESTIMATE.search(out)
     assert found, out
     ms, mfu = float(found.group(1)), float(found.group(2)) / 100
     steps, days = int(found.group(3).replace(",", "")), float(found.group(4))
@@ -257,6 +259,16 @@ def test_compiler_estimate_for_a_v3_slice_is_positive_and_consistent():
     flops = float(re.search(r"model FLOPs per step\s+(\S+)", out).group(1))
     assert mfu == pytest.approx(flops / (ms / 1e3 * 8 * 61.5e12), rel=0.02)
     assert days == pytest.approx(ms / 1e3 * steps / 86400, abs=0.006)
+
+    # A scanned config is estimated from its step compiled unrolled: the same figure (the
+    # scanned step's own cost analysis would count one layer of the two).
+    scanned = _aot(
+        "--config=experiments/configs/bert_tiny_cpu.py",
+        "--topology=v3:2x2",
+        "--config.model.scan_layers=True",
+    )
+    assert scanned.returncode == 0, scanned.stdout + scanned.stderr[-3000:]
+    assert float(_ESTIMATE.search(scanned.stdout).group(1)) == pytest.approx(ms, rel=0.01)
 
 
 @needs_libtpu
