@@ -116,12 +116,15 @@ class _JaxCases:
         self.steps: dict[str, Callable[[], Any]] = {}
         self.first_loss: dict[str, float] = {}
 
-    def add_training(self, name, mode, loss_fn, params, batch, lr: float):
-        """`mode` "fwdbwd": value_and_grad only; "train": plus an optax.adamw update."""
+    def add_training(self, name, mode, loss_fn, params, batch, lr: float, key=None):
+        """`mode` "fwdbwd": value_and_grad only; "train": plus an optax.adamw update.
+
+        `key` (default `PRNGKey(1)`) is the dropout stream; each step folds its count in.
+        """
         import jax
         import optax
 
-        key = jax.random.PRNGKey(1)
+        key = jax.random.PRNGKey(1) if key is None else key
         counter = [0]
 
         if mode == "fwdbwd":
@@ -198,9 +201,10 @@ class OursRunner(_JaxCases):
         super().__init__()
         import jax
 
-        if spec.get("prng_impl"):
-            # What a training entry point would set once at start-up, before any key exists.
-            jax.config.update("jax_default_prng_impl", spec["prng_impl"])
+        # The dropout stream in the implementation a config's `prng_impl` names, as a typed
+        # key (training's `run_keys` does the same; the init stays threefry there too).
+        prng_impl = spec.get("prng_impl") or "threefry2x32"
+        dropout_key = jax.random.key(1, impl=prng_impl)
         import jax.numpy as jnp
         import optax
 
@@ -209,7 +213,7 @@ class OursRunner(_JaxCases):
 
         self.versions = {
             "jax": jax.__version__,
-            "prng_impl": spec.get("prng_impl") or "default",
+            "prng_impl": prng_impl,
             "bert_jax_from": os.path.dirname(os.path.dirname(os.path.abspath(bert_jax.__file__))),
             "device": jax.devices()[0].device_kind,
         }
@@ -258,7 +262,9 @@ class OursRunner(_JaxCases):
                 batch["masked_lm_positions"],
             )["params"]
             params = nn.unbox(params)
-            self.add_training(name, case["mode"], loss_fn, params, batch, spec["lr"])
+            self.add_training(
+                name, case["mode"], loss_fn, params, batch, spec["lr"], key=dropout_key
+            )
 
 
 # --- transformers' Flax BERT ----------------------------------------------------------------

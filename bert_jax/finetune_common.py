@@ -24,11 +24,20 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from bert_jax import convert, optim, sharding
+from bert_jax import convert, optim, sharding, train_state
 from bert_jax.config import BertConfig
 from bert_jax.train_state import TrainState, make_step, nonfinite, sharded_state
 
 log = logging.getLogger(__name__)
+
+
+def run_keys(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
+    """(init key, dropout key) of a run, as pretraining makes them (`train_state.run_keys`).
+
+    The init key seeds the fresh head (`load_model`), the dropout key every step's masks
+    (`train_epoch` folds the step in), in `config.prng_impl`; `config.seed` fixes both.
+    """
+    return train_state.run_keys(config.seed, config.prng_impl)
 
 
 def load_model(
@@ -37,7 +46,7 @@ def load_model(
     *,
     from_scratch: bool = False,
     bert_config_file: str | None = None,
-    seed: int = 0,
+    rng: jax.Array | None = None,
     **config_overrides: Any,
 ) -> tuple[nn.Module, BertConfig, Any, str | None]:
     """A head model whose encoder comes from `init_from`, its head freshly initialised.
@@ -50,14 +59,16 @@ def load_model(
         from_scratch: keep only the checkpoint's config and vocab; initialise every weight
             randomly (the baseline a pretrained encoder is compared with).
         bert_config_file: a config that replaces the one found beside the checkpoint.
-        seed: seeds the head's (or, from scratch, every) initialisation.
+        rng: the key of the head's (or, from scratch, every) initialisation: the init key
+            of `run_keys` (default: seed 0's).
         **config_overrides: BertConfig fields to change that do not alter the weights'
             shapes (e.g. hidden_dropout_prob).
 
     Returns:
         (module with the final config, config, params as numpy/jax arrays, vocab file or None).
     """
-    rng = jax.random.key(seed)
+    if rng is None:
+        rng, _ = train_state.run_keys(0)
     config, params, vocab_file = convert.load_pretrained(
         init_from, model=module, rng=rng, config_file=bert_config_file
     )
@@ -254,7 +265,7 @@ def train_epoch(
 
     Args:
         step_fn: the jitted `(state, batch, rng, *step_args) -> (state, metrics)`.
-        rng: the run's key (the step folds in the step number).
+        rng: the run's dropout key (`run_keys`; the step folds in the step number).
         arrays: the training features by name, `(N, ...)` each, `input_mask` among them.
         config: `train_batch_size seed max_seq_length num_epochs log_every`.
         desc: the progress bar's label (default `epoch E/N`).

@@ -2,9 +2,10 @@
 
 The step is one pure function `(state, batch, rng) -> (state, metrics)`
 (`train_state.make_step` of the pretraining loss), jitted once with explicit shardings
-and the state donated. Dropout randomness is `fold_in(rng, state.step)`, so a resumed run
-repeats the uninterrupted one exactly. `setup` builds the model, optimizer, abstract
-sharded state and steps of a config, for training and the ahead-of-time check alike.
+and the state donated. Dropout randomness is `fold_in(rng, state.step)` (`rng` in the
+PRNG implementation `config.prng_impl` names), so a resumed run repeats the uninterrupted
+one exactly. `setup` builds the model, optimizer, abstract sharded state and steps of a
+config, for training and the ahead-of-time check alike.
 
 Resume order (first that applies): a checkpoint in `<workdir>/checkpoints`, else
 `config.resume_from` (a full train state: params, optimizer, step), else
@@ -34,7 +35,14 @@ from bert_jax import checkpointing, optim, sharding, telemetry
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import pretraining_loss
-from bert_jax.train_state import TrainState, make_step, nonfinite, sharded_state, state_shardings
+from bert_jax.train_state import (
+    TrainState,
+    make_step,
+    nonfinite,
+    run_keys,
+    sharded_state,
+    state_shardings,
+)
 from data_pipelines import records
 
 # The batch features BertForPreTraining takes, in the order of its positional arguments.
@@ -268,8 +276,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     data = config.data
     step_fn, eval_fn = run.train_step, run.eval_step
 
-    # Two streams from the seed: the initialisation and the dropout masks (folded per step).
-    init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
+    # Two streams from the seed: the initialisation and the dropout masks (folded per step,
+    # in config.prng_impl). Neither is stored: a resumed run derives the same keys again.
+    init_rng, dropout_rng = run_keys(config.seed, config.prng_impl)
     state, position, source = _restore(config, workdir, run.abstract_state, shardings)
     if state is None and config.init_from:
         params = _load_init_params(config.init_from, cfg, run.abstract_state.params)

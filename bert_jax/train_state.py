@@ -27,6 +27,32 @@ import optax
 
 from bert_jax import sharding
 
+# jax's PRNG implementations a run's dropout masks may come from (`config.prng_impl`).
+# threefry2x32 is jax's default: the same bits on every backend and mesh. rbg and unsafe_rbg
+# draw bits with XLA's RngBitGenerator, far cheaper on TPU and GPU than threefry's integer
+# hashing, but the bits may change with the sharding and the XLA version; unsafe_rbg also
+# derives split and fold_in keys with it (faster, statistically less vetted).
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+
+
+def run_keys(seed: int, prng_impl: str = "threefry2x32") -> tuple[jax.Array, jax.Array]:
+    """(init key, dropout key) of a run with `seed`; the step folds its number into the latter.
+
+    Both come from one threefry2x32 key split in two, so a seed's initial weights are the
+    same under every `prng_impl` and on every mesh: the implementation is a choice for the
+    per-step dropout masks only. The dropout key is that stream's key itself under
+    threefry2x32, else a `prng_impl` key whose data are bits drawn from it.
+    """
+    if prng_impl not in PRNG_IMPLS:
+        raise ValueError(f"config.prng_impl must be one of {PRNG_IMPLS}, got {prng_impl!r}")
+    init_rng, dropout_rng = jax.random.split(jax.random.key(seed))
+    if prng_impl != "threefry2x32":
+        # rbg keys hold 4 uint32 words (threefry's 2): draw as many as the impl's key has.
+        data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=prng_impl)))
+        bits = jax.random.bits(dropout_rng, data.shape, data.dtype)
+        dropout_rng = jax.random.wrap_key_data(bits, impl=prng_impl)
+    return init_rng, dropout_rng
+
 
 class TrainState(flax.struct.PyTreeNode):
     step: jax.Array  # optimizer updates taken (pretraining: micro-batches)

@@ -9,9 +9,13 @@ that slice's devices and the real jitted train and eval steps (the ones
 `experiments.pretrain` runs, same shardings, same donation) are lowered and compiled by
 the TPU compiler on abstract inputs: nothing is allocated. The report gives per-device
 memory (XLA's `memory_analysis`) against the chip's HBM, the model FLOPs of one step
-(computed analytically: XLA's cost analysis counts a scanned layer body once), and the
-projected time to train at a stated model-FLOPs utilisation. The exit status is 1 when
-the step does not fit, 2 when it cannot be compiled for another reason.
+(computed analytically: XLA's cost analysis counts a scanned layer body once), the
+projected time to train at a stated model-FLOPs utilisation, and the TPU compiler's own
+estimate of the step's time (its cost model's `optimal_seconds`), the MFU that implies
+and the days to train at it. The cost model too counts a scanned loop body once, so the
+estimate comes from the same step compiled with its layers unrolled (`scan_layers=False`;
+the memory fit stays the config's own). The exit status is 1 when the step does not
+fit, 2 when it cannot be compiled for another reason.
 """
 
 from __future__ import annotations
@@ -107,6 +111,27 @@ def projected_seconds(
     return flops_per_step * steps / (peak_flops_per_device * devices * mfu)
 
 
+def implied_mfu(
+    flops_per_step: float, step_seconds: float, peak_flops_per_device: float, devices: int
+) -> float:
+    """The model-FLOPs utilisation of a step of `flops_per_step` model FLOPs taking
+    `step_seconds` on `devices` devices (the inverse of `projected_seconds`)."""
+    if not step_seconds > 0:
+        raise ValueError(f"step_seconds must be positive, got {step_seconds}")
+    return flops_per_step / (step_seconds * peak_flops_per_device * devices)
+
+
+def optimal_seconds(compiled) -> float | None:
+    """The TPU compiler's estimate of one run of `compiled` in seconds (its cost model's
+    `optimal_seconds`); None when it gives none, or a non-positive one (its mark for an
+    op it cannot cost)."""
+    costs = compiled.cost_analysis()
+    if isinstance(costs, list | tuple):  # one dict per program in older jax releases
+        costs = costs[0] if costs else None
+    seconds = (costs or {}).get("optimal_seconds")
+    return float(seconds) if seconds is not None and seconds > 0 else None
+
+
 def slice_devices(topology: str) -> list:
     """The (compile-only) devices of a TPU slice, as Cloud TPU VMs present them."""
     from jax.experimental import topologies
@@ -147,6 +172,27 @@ class FitReport:
     steps: int
     peak_flops_per_device: float
     compile_seconds: float
+    # The compiler's estimate of one train step (unrolled layers), s; None: no estimate.
+    compiler_step_seconds: float | None = None
+
+    @property
+    def compiler_mfu(self) -> float | None:
+        """The MFU the compiler's step-time estimate implies."""
+        if self.compiler_step_seconds is None:
+            return None
+        return implied_mfu(
+            self.flops_per_step,
+            self.compiler_step_seconds,
+            self.peak_flops_per_device,
+            self.num_devices,
+        )
+
+    @property
+    def compiler_days(self) -> float | None:
+        """Days to train this config's steps at the compiler's step-time estimate."""
+        if self.compiler_step_seconds is None:
+            return None
+        return self.compiler_step_seconds * self.steps / 86400
 
     @property
     def eval_peak(self) -> int:
@@ -192,6 +238,18 @@ class FitReport:
         if usd_per_chip_hour:
             cost = self.days(mfu) * 24 * self.num_chips * usd_per_chip_hour
             lines.append(f"  at ${usd_per_chip_hour:.2f}/chip-hour: ${cost:,.0f}")
+        if self.compiler_step_seconds is None:
+            lines.append("compiler's estimate: none (the cost model gave no optimal_seconds)")
+            return "\n".join(lines)
+        days = self.compiler_days
+        lines.append(
+            f"compiler's estimate (unrolled layers): {self.compiler_step_seconds * 1e3:.1f} "
+            f"ms/step = MFU {self.compiler_mfu:.1%}, {self.steps:,} steps = {days:.2f} days "
+            f"({days * 24 * self.num_chips:,.0f} chip-hours)"
+        )
+        if usd_per_chip_hour:
+            cost = days * 24 * self.num_chips * usd_per_chip_hour
+            lines.append(f"  at ${usd_per_chip_hour:.2f}/chip-hour: ${cost:,.0f}")
         return "\n".join(lines)
 
 
@@ -201,16 +259,17 @@ def steps_to_train(config) -> int:
     return stop - config.get("start_step", 0)
 
 
-def compile_steps(config, devices):
+def compile_steps(config, devices, *, evaluate: bool = True):
     """Lowers and compiles the config's train and eval steps for `devices`.
 
-    The steps, state and shardings are `train.setup`'s: what `experiments.pretrain` runs.
+    The steps, state, shardings and dropout key are `train.setup`'s and `run_keys`': what
+    `experiments.pretrain` runs.
 
-    Returns (compiled train step, compiled eval step, mesh, model config).
+    Returns (compiled train step, compiled eval step or None, mesh, model config).
     """
     import jax
 
-    from bert_jax import checkpointing, sharding, train
+    from bert_jax import checkpointing, sharding, train, train_state
 
     mesh = sharding.create_mesh(config.mesh_shape, devices=devices)
     run = train.setup(config, mesh)
@@ -225,21 +284,41 @@ def compile_steps(config, devices):
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding), batch_shapes
     )
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    rng = jax.ShapeDtypeStruct((), jax.eval_shape(jax.random.key, 0).dtype, sharding=replicated)
+    _, key = jax.eval_shape(lambda: train_state.run_keys(config.seed, config.prng_impl))
+    rng = jax.ShapeDtypeStruct((), key.dtype, sharding=replicated)
     with sharding.activation_context(mesh, run.rules):
         compiled_train = run.train_step.lower(state, batch, rng).compile()
-        compiled_eval = run.eval_step.lower(state.params, batch).compile()
+        compiled_eval = run.eval_step.lower(state.params, batch).compile() if evaluate else None
     return compiled_train, compiled_eval, mesh, run.model_config
 
 
-def check(config, topology: str) -> FitReport:
-    """Compiles `config` for the TPU slice `topology` and reports the fit."""
+def unrolled(config):
+    """`config` with its layers unrolled (`scan_layers=False`), all else the same."""
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        config.model.scan_layers = False
+    return config
+
+
+def estimate_step_seconds(config, devices, compiled_train) -> float | None:
+    """The compiler's estimate of one train step: from `compiled_train` when its layers are
+    unrolled, else from the step compiled again unrolled (the cost model counts a scanned
+    body once)."""
+    if config.model.scan_layers:
+        compiled_train, _, _, _ = compile_steps(unrolled(config), devices, evaluate=False)
+    return optimal_seconds(compiled_train)
+
+
+def check(config, topology: str, estimate: bool = True) -> FitReport:
+    """Compiles `config` for the TPU slice `topology` and reports the fit (and, with
+    `estimate`, the compiler's step time)."""
     from bert_jax import telemetry
 
     devices = slice_devices(topology)
     kind = devices[0].device_kind
     start = time.perf_counter()
     compiled_train, compiled_eval, mesh, cfg = compile_steps(config, devices)
+    step_seconds = estimate_step_seconds(config, devices, compiled_train) if estimate else None
     seconds = time.perf_counter() - start
     data = config.data
     return FitReport(
@@ -257,6 +336,7 @@ def check(config, topology: str) -> FitReport:
         steps=steps_to_train(config),
         peak_flops_per_device=device_peak_flops(kind),
         compile_seconds=seconds,
+        compiler_step_seconds=step_seconds,
     )
 
 
@@ -266,7 +346,13 @@ def is_out_of_memory(error: Exception) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text
 
 
-def run(config, topology: str | None, mfu: float, usd_per_chip_hour: float | None) -> int:
+def run(
+    config,
+    topology: str | None,
+    mfu: float,
+    usd_per_chip_hour: float | None,
+    estimate: bool = True,
+) -> int:
     """Checks `config`, prints the report; returns the exit status (0 fits, 1 does not,
     2 no slice to check for)."""
     topology = topology or config.get("topology")
@@ -275,7 +361,7 @@ def run(config, topology: str | None, mfu: float, usd_per_chip_hour: float | Non
         return 2
     print(f"compiling for {topology} ...", flush=True)
     try:
-        report = check(config, topology)
+        report = check(config, topology, estimate)
     except Exception as e:  # noqa: BLE001  (the compiler's errors are not typed)
         if not is_out_of_memory(e):
             raise
@@ -305,7 +391,7 @@ def main(argv) -> int:
     print(f"config {flags.FLAGS['config'].config_filename}")
     try:
         FLAGS = flags.FLAGS
-        return run(FLAGS.config, FLAGS.topology, FLAGS.mfu, FLAGS.usd_per_chip_hour)
+        return run(FLAGS.config, FLAGS.topology, FLAGS.mfu, FLAGS.usd_per_chip_hour, FLAGS.estimate)
     except Exception:  # noqa: BLE001  (any other failure to lower or compile)
         logging.exception("the step could not be compiled")
         return 2
@@ -326,6 +412,12 @@ def _run():
     flags.DEFINE_float("mfu", 0.4, "Model-FLOPs utilisation the time projection assumes.")
     flags.DEFINE_float(
         "usd_per_chip_hour", None, "If given, also project the cost at this price per chip-hour."
+    )
+    flags.DEFINE_bool(
+        "estimate",
+        True,
+        "Also report the compiler's step time (a scanned config's step is compiled a second "
+        "time with its layers unrolled).",
     )
     cli.run(lambda argv: sys.exit(main(argv)))
 

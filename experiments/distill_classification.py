@@ -74,7 +74,7 @@ def build_student(config, teacher_config: BertConfig, teacher_params, teacher_vo
         return head.clone(config=bert_config), bert_config, params, f"teacher layers {layers}"
     if config.student_init_from:
         module, bert_config, params, vocab = common.load_model(
-            head, config.student_init_from, seed=config.seed, **overrides
+            head, config.student_init_from, rng=common.run_keys(config)[0], **overrides
         )
         flag = f"--config.student_init_from={config.student_init_from}"
         distill.check_same_vocab(teacher_vocab, teacher_config, vocab, bert_config, what=flag)
@@ -87,7 +87,7 @@ def build_student(config, teacher_config: BertConfig, teacher_params, teacher_vo
     module = head.clone(config=bert_config)
     ids = jnp.zeros((1, 2), jnp.int32)
     init = jax.jit(lambda r: nn.unbox(module.init(r, ids, ids, ids)["params"]))
-    params = init(jax.random.key(config.seed))
+    params = init(common.run_keys(config)[0])
     return module, bert_config, params, f"{config.student_preset} preset from scratch"
 
 
@@ -142,7 +142,7 @@ def train_student(
                "student_config": bert_config, "num_train_steps": num_steps,
                "params": distill.param_count(params), "epochs": []}  # fmt: skip
     final_logits = {}
-    rng = jax.random.key(config.seed)
+    _, dropout_rng = common.run_keys(config)
     teacher_arg = teacher_params[0] if in_step else None
     with (
         sharding.activation_context(mesh),
@@ -150,7 +150,7 @@ def train_student(
     ):
         for epoch in range(1, config.num_epochs + 1):
             state, loss = common.train_epoch(
-                step_fn, state, rng, arrays, epoch=epoch, config=config, mesh=mesh,
+                step_fn, state, dropout_rng, arrays, epoch=epoch, config=config, mesh=mesh,
                 log_file=log_file, step_args=(teacher_arg,),
                 desc=f"alpha={alpha} epoch {epoch}/{config.num_epochs}",
             )  # fmt: skip

@@ -73,7 +73,7 @@ def build_student(config, teacher_config: BertConfig, teacher_params) -> tuple:
     model = BertForPreTraining(student_config)
     ids = jnp.zeros((1, 2), jnp.int32)
     params = jax.jit(lambda r: nn.unbox(model.init(r, ids, ids, ids, ids)["params"]))(
-        jax.random.key(config.seed)
+        common.run_keys(config)[0]
     )
     return student_config, params, f"{config.student_preset} preset from scratch"
 
@@ -153,7 +153,7 @@ def distill_mlm(config: ml_collections.ConfigDict, workdir: str) -> dict:
                "student_params": distill.param_count(params),
                "student_config": student_config}  # fmt: skip
     del params, teacher_np, frozen
-    rng = jax.random.key(config.seed)
+    _, dropout_rng = common.run_keys(config)
     pending = []
     with (
         sharding.activation_context(mesh),
@@ -163,7 +163,7 @@ def distill_mlm(config: ml_collections.ConfigDict, workdir: str) -> dict:
                         total=config.num_train_steps, desc="distil MLM")  # fmt: skip
         for _, batch in progress:
             batch = sharding.global_batch({k: batch[k] for k in BATCH_KEYS}, mesh)
-            state, metrics = step_fn(state, batch, rng, teacher_params)
+            state, metrics = step_fn(state, batch, dropout_rng, teacher_params)
             pending.append(metrics)
             step = int(state.step)
             if step % config.log_every == 0 or step == config.num_train_steps:

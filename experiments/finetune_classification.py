@@ -159,12 +159,13 @@ def finetune(
         task.splits["train"] = [train[i] for i in np.sort(chosen[: config.max_train_examples])]
     num_outputs = 1 if task.labels is None else len(task.labels)
     overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
+    init_rng, dropout_rng = common.run_keys(config)
     model, bert_config, params, vocab_file = common.load_model(
         BertForSequenceClassification(BertConfig(), num_outputs, pooling=config.pooling),
         config.init_from,
         from_scratch=config.from_scratch,
         bert_config_file=config.bert_config_file or None,
-        seed=config.seed,
+        rng=init_rng,
         **overrides,
     )
     vocab_file = config.vocab_file or vocab_file
@@ -215,13 +216,12 @@ def finetune(
     }
     logging.info("%s: %d train examples, %d steps of %d; model %s", task.name, len(train),
                  num_steps, config.train_batch_size, bert_config)  # fmt: skip
-    rng = jax.random.key(config.seed)
     log_path = os.path.join(workdir, "train_log.jsonl")
     final_logits = {}  # split -> logits of the final model, kept from the last epoch's scoring
     with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
         for epoch in range(1, config.num_epochs + 1):
             state, loss = common.train_epoch(
-                step_fn, state, rng, train_arrays, epoch=epoch, config=config, mesh=mesh,
+                step_fn, state, dropout_rng, train_arrays, epoch=epoch, config=config, mesh=mesh,
                 log_file=log_file, show_progress=show_progress,
             )  # fmt: skip
             epoch_result = {"epoch": epoch, "train_loss": loss}

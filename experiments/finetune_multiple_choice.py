@@ -107,12 +107,13 @@ def finetune(
         chosen = np.random.default_rng(config.seed).permutation(len(train))
         task.splits["train"] = [train[i] for i in np.sort(chosen[: config.max_train_examples])]
     overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
+    init_rng, dropout_rng = common.run_keys(config)
     model, bert_config, params, vocab_file = common.load_model(
         BertForMultipleChoice(BertConfig()),
         config.init_from,
         from_scratch=config.from_scratch,
         bert_config_file=config.bert_config_file or None,
-        seed=config.seed,
+        rng=init_rng,
         **overrides,
     )
     vocab_file = config.vocab_file or vocab_file
@@ -149,7 +150,6 @@ def finetune(
     logging.info("%s: %d train examples of %d choices, %d steps of %d; model %s", task.name,
                  len(train), task.num_choices, num_steps, config.train_batch_size,
                  bert_config)  # fmt: skip
-    rng = jax.random.key(config.seed)
     logits = {}
     with (
         sharding.activation_context(mesh),
@@ -157,7 +157,7 @@ def finetune(
     ):
         for epoch in range(1, config.num_epochs + 1):
             state, loss = common.train_epoch(
-                run.train_step, state, rng, train_arrays, epoch=epoch, config=config,
+                run.train_step, state, dropout_rng, train_arrays, epoch=epoch, config=config,
                 mesh=mesh, log_file=log_file, show_progress=show_progress,
             )  # fmt: skip
             record = {"epoch": epoch, "train_loss": loss}

@@ -111,12 +111,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if config.max_train_examples:
         train_examples = train_examples[: config.max_train_examples]
     overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
+    init_rng, dropout_rng = common.run_keys(config)
     model, bert_config, params, vocab_file = common.load_model(
         BertForQuestionAnswering(BertConfig()),
         config.init_from,
         from_scratch=config.from_scratch,
         bert_config_file=config.bert_config_file or None,
-        seed=config.seed,
+        rng=init_rng,
         **overrides,
     )
     vocab_file = config.vocab_file or vocab_file
@@ -168,12 +169,11 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "num_train_steps": num_steps,
         "epochs": [],
     }
-    rng = jax.random.key(config.seed)
     log_path = os.path.join(workdir, "train_log.jsonl")
     with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
         for epoch in range(1, config.num_epochs + 1):
             state, loss = common.train_epoch(
-                step_fn, state, rng, train_arrays, epoch=epoch, config=config, mesh=mesh,
+                step_fn, state, dropout_rng, train_arrays, epoch=epoch, config=config, mesh=mesh,
                 log_file=log_file,
             )  # fmt: skip
             scores, predictions = evaluate()

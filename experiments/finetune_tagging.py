@@ -94,12 +94,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if config.max_train_examples:
         task.splits["train"] = task.splits["train"][: config.max_train_examples]
     overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
+    init_rng, dropout_rng = common.run_keys(config)
     model, bert_config, params, vocab_file = common.load_model(
         BertForTokenClassification(BertConfig(), len(task.tags)),
         config.init_from,
         from_scratch=config.from_scratch,
         bert_config_file=config.bert_config_file or None,
-        seed=config.seed,
+        rng=init_rng,
         **overrides,
     )
     vocab_file = config.vocab_file or vocab_file
@@ -146,12 +147,11 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     }
     logging.info("%s: %d train sentences, %d tags, %d steps of %d", task.name, len(train),
                  len(task.tags), num_steps, config.train_batch_size)  # fmt: skip
-    rng = jax.random.key(config.seed)
     log_path = os.path.join(workdir, "train_log.jsonl")
     with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
         for epoch in range(1, config.num_epochs + 1):
             state, loss = common.train_epoch(
-                step_fn, state, rng, train_arrays, epoch=epoch, config=config, mesh=mesh,
+                step_fn, state, dropout_rng, train_arrays, epoch=epoch, config=config, mesh=mesh,
                 log_file=log_file,
             )  # fmt: skip
             scores, _ = evaluate("dev")

@@ -55,6 +55,44 @@ def test_projected_time():
             aot_compile.projected_seconds(1e18, 1000, 1e12, 100, bad)
 
 
+def test_implied_mfu_inverts_the_projection():
+    # 6.16e13 FLOPs in 51.8 ms on 128 devices of 61.5e12 FLOP/s: 6.16e13 / 4.078e14 = 15.1%.
+    assert aot_compile.implied_mfu(6.16e13, 0.0518, 61.5e12, 128) == pytest.approx(0.15106, 1e-4)
+    seconds = aot_compile.projected_seconds(1e18, 1, 1e12, 100, 0.37)
+    assert aot_compile.implied_mfu(1e18, seconds, 1e12, 100) == pytest.approx(0.37)
+    for bad in (0.0, -3.0):
+        with pytest.raises(ValueError, match="step_seconds"):
+            aot_compile.implied_mfu(1e18, bad, 1e12, 100)
+
+
+class _Compiled:
+    def __init__(self, costs):
+        self.costs = costs
+
+    def cost_analysis(self):
+        return self.costs
+
+
+def test_optimal_seconds_reads_the_cost_model_and_refuses_its_non_answers():
+    assert aot_compile.optimal_seconds(_Compiled({"optimal_seconds": 0.05, "flops": 1.0})) == 0.05
+    assert aot_compile.optimal_seconds(_Compiled([{"optimal_seconds": 0.5}])) == 0.5
+    # No key (a backend without the cost model), or a negative sum (ops it cannot cost).
+    assert aot_compile.optimal_seconds(_Compiled({"flops": 1.0})) is None
+    assert aot_compile.optimal_seconds(_Compiled({"optimal_seconds": -2.9987})) is None
+    assert aot_compile.optimal_seconds(_Compiled(None)) is None
+
+
+def test_unrolled_changes_only_the_scan_switch():
+    from experiments.configs import bert_large_paper
+
+    config = bert_large_paper.get_config("phase1")
+    assert config.model.scan_layers
+    flat = aot_compile.unrolled(config)
+    assert not flat.model.scan_layers and config.model.scan_layers  # a copy
+    flat.model.scan_layers = True
+    assert flat == config
+
+
 def test_steps_to_train_counts_only_this_phase():
     from experiments.configs import bert_large_paper
 
@@ -62,7 +100,9 @@ def test_steps_to_train_counts_only_this_phase():
     assert aot_compile.steps_to_train(bert_large_paper.get_config("phase2")) == 100_000
 
 
-def _report(train_total: int, eval_temporaries: int = 0) -> aot_compile.FitReport:
+def _report(
+    train_total: int, eval_temporaries: int = 0, step_seconds: float | None = None
+) -> aot_compile.FitReport:
     return aot_compile.FitReport(
         topology="v3:8x8",
         device_kind="TPU v3",
@@ -76,6 +116,7 @@ def _report(train_total: int, eval_temporaries: int = 0) -> aot_compile.FitRepor
         steps=900_000,
         peak_flops_per_device=61.5e12,
         compile_seconds=1.0,
+        compiler_step_seconds=step_seconds,
     )
 
 
@@ -83,24 +124,24 @@ def test_run_exit_status_follows_the_fit(monkeypatch, capsys):
     from experiments.configs import bert_large_paper
 
     config = bert_large_paper.get_config("phase1")
-    monkeypatch.setattr(aot_compile, "check", lambda config, topology: _report(14 * GiB))
+    monkeypatch.setattr(aot_compile, "check", lambda config, topology, *_: _report(14 * GiB))
     assert aot_compile.run(config, None, 0.4, None) == 0
     assert "fits: yes" in capsys.readouterr().out
 
-    monkeypatch.setattr(aot_compile, "check", lambda config, topology: _report(17 * GiB))
+    monkeypatch.setattr(aot_compile, "check", lambda config, topology, *_: _report(17 * GiB))
     assert aot_compile.run(config, None, 0.4, None) == 1
     assert "DOES NOT FIT on v3:8x8: needs 17.00 GiB" in capsys.readouterr().out
 
     # Under 16 GiB, but not under what the runtime leaves usable.
-    monkeypatch.setattr(aot_compile, "check", lambda c, t: _report(int(15.9 * GiB)))
+    monkeypatch.setattr(aot_compile, "check", lambda c, t, *_: _report(int(15.9 * GiB)))
     assert aot_compile.run(config, None, 0.4, None) == 1
     assert "15.44 GiB usable" in capsys.readouterr().out
 
     # The train step fits, but evaluating beside the resident train state does not.
-    monkeypatch.setattr(aot_compile, "check", lambda c, t: _report(14 * GiB, 2 * GiB))
+    monkeypatch.setattr(aot_compile, "check", lambda c, t, *_: _report(14 * GiB, 2 * GiB))
     assert aot_compile.run(config, None, 0.4, None) == 1
 
-    def out_of_memory(config, topology):
+    def out_of_memory(config, topology, *_):
         raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm")
 
     monkeypatch.setattr(aot_compile, "check", out_of_memory)
@@ -121,6 +162,22 @@ def test_report_projection_and_cost():
     assert "19.6 ms/step" in text
     assert "= 0.20 days" in text
     assert "$626" in text
+    assert "compiler's estimate: none" in text
+
+
+def test_report_of_the_compilers_estimate():
+    report = _report(7 * GiB, step_seconds=0.0518)
+    # 6.16e13 / (0.0518 s x 128 x 61.5e12) = 15.1%; 0.0518 s x 900k = 46,620 s = 0.54 days,
+    # x 24 h x 64 chips = 829 chip-hours, x $2 = $1,658.
+    assert report.compiler_mfu == pytest.approx(0.15106, 1e-4)
+    assert report.compiler_days == pytest.approx(0.539583, 1e-5)
+    text = report.format(mfu=0.4, usd_per_chip_hour=2.0)
+    assert (
+        "compiler's estimate (unrolled layers): 51.8 ms/step = MFU 15.1%, 900,000 steps = "
+        "0.54 days (829 chip-hours)" in text
+    )
+    assert "$1,658" in text
+    assert "19.6 ms/step" in text  # the assumed-MFU projection stays beside it
 
 
 # --- real compiles for TPU slices (libtpu) ------------------------------------------------
@@ -176,6 +233,42 @@ def test_tiny_config_compiles_for_a_v4_slice_and_fits():
     # BERT-tiny's f32 state (params + 2 Adam moments, ~4.4M params) is ~53 MB replicated.
     arguments = float(re.search(r"arguments\s+([\d.]+) GiB", out).group(1))
     assert 0.03 < arguments < 0.1
+    # libtpu 0.0.42.1's cost model sums -1 s per op it cannot cost on v4/v5e slices (this
+    # step: -2.9987 s): the report says it has no estimate rather than print that.
+    assert "compiler's estimate" in out
+
+
+_ESTIMATE = re.compile(
+    r"compiler's estimate \(unrolled layers\): ([\d.]+) ms/step = MFU ([\d.]+)%, "
+    r"([\d,]+) steps = ([\d.]+) days \(([\d,]+) chip-hours\)"
+)
+
+
+@needs_libtpu
+def test_compiler_estimate_for_a_v3_slice_is_positive_and_consistent():
+    result = _aot("--config=experiments/configs/bert_tiny_cpu.py", "--topology=v3:2x2")
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    out = result.stdout
+    assert "8 x TPU v3 (4 chips)" in out
+    found = _ESTIMATE.search(out)
+    assert found, out
+    ms, mfu = float(found.group(1)), float(found.group(2)) / 100
+    steps, days = int(found.group(3).replace(",", "")), float(found.group(4))
+    assert ms > 0 and 0 < mfu <= 1 and steps == 2000
+    # The MFU is the analytic model FLOPs over the estimate on 8 cores of 61.5 TFLOP/s.
+    flops = float(re.search(r"model FLOPs per step\s+(\S+)", out).group(1))
+    assert mfu == pytest.approx(flops / (ms / 1e3 * 8 * 61.5e12), rel=0.02)
+    assert days == pytest.approx(ms / 1e3 * steps / 86400, abs=0.006)
+
+    # A scanned config is estimated from its step compiled unrolled: the same figure (the
+    # scanned step's own cost analysis would count one layer of the two).
+    scanned = _aot(
+        "--config=experiments/configs/bert_tiny_cpu.py",
+        "--topology=v3:2x2",
+        "--config.model.scan_layers=True",
+    )
+    assert scanned.returncode == 0, scanned.stdout + scanned.stderr[-3000:]
+    assert float(_ESTIMATE.search(scanned.stdout).group(1)) == pytest.approx(ms, rel=0.01)
 
 
 @needs_libtpu

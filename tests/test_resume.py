@@ -287,3 +287,80 @@ def test_non_finite_loss_stops_the_run_and_keeps_only_finite_checkpoints(
         state, _ = _restore(workdir, step)
         for path, leaf in jax.tree_util.tree_leaves_with_path(state):
             assert np.isfinite(np.asarray(leaf)).all(), (step, jax.tree_util.keystr(path))
+
+
+# --- every dropout PRNG implementation resumes exactly (in this process) -----------------
+
+PRNG_STEPS, PRNG_STOP = 4, 2
+
+
+def _tiny_config(data_dir, prng_impl: str, stop_at_step=None):
+    """bert_tiny_cpu.py on the synthetic records (the subprocess runs' flags), 4 steps on a
+    4 data x 2 tensor mesh, dropout keys in `prng_impl`."""
+    from experiments.configs import bert_tiny_cpu
+
+    config = bert_tiny_cpu.get_config()
+    for flag in synth.tiny_config_overrides(str(data_dir)):
+        path, value = flag.removeprefix("--config.").split("=", 1)
+        *parents, key = path.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[key] = int(value) if node[key] is None else type(node[key])(value)
+    config.data.eval_files = ""  # the final state covers what evaluation would compare
+    config.num_train_steps = PRNG_STEPS
+    config.stop_at_step = stop_at_step
+    config.log_every = 1
+    config.checkpoint_every = 1000  # only the last step of each run saves
+    config.mesh_shape = (4, 1, 2)
+    config.prng_impl = prng_impl
+    return config
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, data_dir):
+    """prng_impl -> the workdir of its uninterrupted PRNG_STEPS-step run (run when asked)."""
+    from bert_jax import train
+
+    runs = {}
+
+    def run(impl):
+        if impl not in runs:
+            runs[impl] = tmp_path_factory.mktemp(f"straight_{impl}")
+            train.train_and_evaluate(_tiny_config(data_dir, impl), str(runs[impl]))
+        return runs[impl]
+
+    return run
+
+
+# unsafe_rbg (MaxText's choice on accelerators) in the default tier: it differs from the
+# default in both the bits and the key derivation. threefry2x32, the default, is also what
+# the subprocess tests above resume; each run here costs a compile, hence the slow tier.
+@pytest.mark.parametrize(
+    "impl",
+    [
+        pytest.param("threefry2x32", marks=pytest.mark.slow),
+        pytest.param("rbg", marks=pytest.mark.slow),
+        "unsafe_rbg",
+    ],
+)
+def test_each_prng_impl_resumes_bit_for_bit(impl, tmp_path, data_dir, straight_run):
+    from bert_jax import train
+
+    # Steps 1-2, a checkpoint, then a new call (new keys from the seed) restores and runs 3-4.
+    train.train_and_evaluate(_tiny_config(data_dir, impl, stop_at_step=PRNG_STOP), str(tmp_path))
+    assert _step_dirs(tmp_path)[0] == [PRNG_STOP]
+    train.train_and_evaluate(_tiny_config(data_dir, impl), str(tmp_path))
+    reference = straight_run(impl)
+    assert _step_dirs(tmp_path)[0][-1] == PRNG_STEPS
+    state, positions = _restore(tmp_path)
+    ref_state, ref_positions = _restore(reference)
+    assert positions == ref_positions
+    assert int(state["step"]) == PRNG_STEPS
+    for (path, leaf), ref_leaf in zip(
+        jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(ref_state), strict=True
+    ):
+        np.testing.assert_array_equal(
+            np.asarray(leaf), np.asarray(ref_leaf), err_msg=jax.tree_util.keystr(path)
+        )
+    assert _log(tmp_path) == _log(reference)

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from bert_jax import optim, sharding, train
 from bert_jax.heads import BertForPreTraining
-from bert_jax.train_state import sharded_state
+from bert_jax.train_state import PRNG_IMPLS, run_keys, sharded_state
 from experiments.configs import bert_tiny_cpu
 
 
@@ -254,3 +254,49 @@ def test_a_rule_naming_no_mesh_axis_is_refused():
     assert sharding.rules_of(ml_collections.ConfigDict({"sharding_rules": None})) == (
         sharding.DEFAULT_RULES
     )
+
+
+# --- the dropout PRNG (config.prng_impl) ----------------------------------------------------
+
+
+def test_run_keys_share_the_init_and_switch_the_dropout_implementation():
+    inits = {impl: run_keys(7, impl)[0] for impl in PRNG_IMPLS}
+    for impl, key in inits.items():
+        # The initialisation is threefry's under every implementation: the same weights.
+        assert jax.random.key_impl(key) == jax.random.key_impl(jax.random.key(0)), impl
+        np.testing.assert_array_equal(jax.random.key_data(key), jax.random.key_data(inits["rbg"]))
+        dropout = run_keys(7, impl)[1]
+        assert str(jax.random.key_impl(dropout)) == str(
+            jax.random.key_impl(jax.random.key(0, impl=impl))
+        )
+    # The default's dropout key is the seed's second split key, as before the switch existed.
+    np.testing.assert_array_equal(
+        jax.random.key_data(run_keys(7)[1]),
+        jax.random.key_data(jax.random.split(jax.random.key(7))[1]),
+    )
+    with pytest.raises(ValueError, match=r"config.prng_impl must be one of .*got 'philox'"):
+        run_keys(7, "philox")
+
+
+def test_prng_impls_draw_different_dropout_masks():
+    """The switch is real: the same step's forward pass under dropout differs per impl, and
+    repeats exactly under each."""
+    # One layer and the synthetic ids' range of the vocab: the compiles stay small.
+    model = BertForPreTraining(synth.TINY.replace(num_hidden_layers=1, vocab_size=3072))
+    batch = synth.random_batch(4, seed=0)
+    inputs = [jnp.asarray(x) for x in train.init_inputs(batch)]
+    params = jax.jit(lambda r: nn.unbox(model.init(r, *inputs)["params"]))(run_keys(0)[0])
+
+    @jax.jit
+    def forward(params, rng):
+        rngs = {"dropout": jax.random.fold_in(rng, 3)}  # step 3, as make_step folds it
+        return model.apply({"params": params}, *inputs, deterministic=False, rngs=rngs)
+
+    outputs = {}
+    for impl in PRNG_IMPLS:
+        outputs[impl] = np.asarray(forward(params, run_keys(0, impl)[1]).mlm_logits)
+        again = np.asarray(forward(params, run_keys(0, impl)[1]).mlm_logits)
+        np.testing.assert_array_equal(outputs[impl], again)
+    for i, a in enumerate(PRNG_IMPLS):
+        for b in PRNG_IMPLS[i + 1 :]:
+            assert not np.allclose(outputs[a], outputs[b]), (a, b)

@@ -41,6 +41,9 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     seq_len, predictions = PHASES[phase]
     config = ml_collections.ConfigDict()
     config.seed = 0  # fixes init, data order, dynamic masks and dropout
+    # The PRNG of the dropout masks (bert_jax.train_state.PRNG_IMPLS): "threefry2x32", or
+    # "rbg" / "unsafe_rbg", cheaper on TPU and GPU. The initialisation is threefry in all.
+    config.prng_impl = "threefry2x32"
 
     config.model = ml_collections.ConfigDict()
     config.model.preset = "base"  # L12/H768/A12 (bert_jax.config.PRESETS)

@@ -18,6 +18,9 @@ from ml_collections.config_dict import placeholder
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0  # fixes init, data order, dynamic masks and dropout
+    # The PRNG of the dropout masks (bert_jax.train_state.PRNG_IMPLS): "threefry2x32", or
+    # "rbg" / "unsafe_rbg", cheaper on TPU and GPU. The initialisation is threefry in all.
+    config.prng_impl = "threefry2x32"
 
     config.model = ml_collections.ConfigDict()
     config.model.preset = "tiny"  # L2/H128/A2 (bert_jax.config.PRESETS)

@@ -32,6 +32,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.warmup_proportion = 0.1  # of all steps, linear from 0
     config.weight_decay = 0.01  # not on LayerNorm and biases
     config.seed = 0  # data order, dropout (and the init of a preset student)
+    # The PRNG of the dropout masks (bert_jax.train_state.PRNG_IMPLS): "threefry2x32", or
+    # "rbg" / "unsafe_rbg", cheaper on TPU and GPU. The initialisation is threefry in all.
+    config.prng_impl = "threefry2x32"
     config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor)
     config.log_every = 50  # steps between train_log.jsonl records
     config.eval_steps = 20  # held-out batches scored for teacher and student

@@ -38,6 +38,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.weight_decay = 0.01  # not on LayerNorm and biases
     config.max_grad_norm = 1.0  # global-norm clipping
     config.seed = 0  # head init, data order, dropout
+    # The PRNG of the dropout masks (bert_jax.train_state.PRNG_IMPLS): "threefry2x32", or
+    # "rbg" / "unsafe_rbg", cheaper on TPU and GPU. The initialisation is threefry in all.
+    config.prng_impl = "threefry2x32"
     config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): data parallel over all devices
     config.log_every = 50  # steps between train_log.jsonl records
     return config
