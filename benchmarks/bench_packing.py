@@ -24,9 +24,9 @@ import sys
 import tempfile
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from data_pipelines import input_pipeline
+from data_pipelines import cli, input_pipeline
 
 FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,4 +144,4 @@ if __name__ == "__main__":
     flags.DEFINE_integer("reps", 3, "Runs of each mode, interleaved.")
     flags.DEFINE_string("output_json", "", "Where to write the figures.")
     flags.mark_flags_as_required(["train_files", "vocab_file"])
-    app.run(main)
+    cli.run(main)
