@@ -84,6 +84,48 @@ def load_model(
     return module, config, params, vocab_file
 
 
+class TaskModel(NamedTuple):
+    """A fine-tuning config's head model, ready to train, and the tokenizer of its vocab."""
+
+    module: nn.Module  # the head model with the checkpoint's (overridden) config
+    config: BertConfig
+    params: Any  # encoder from `init_from`, head fresh (every weight fresh from scratch)
+    tokenizer: Any  # `data_pipelines.tokenization.load_tokenizer` of `vocab_file`
+    vocab_file: str
+
+
+def load_task_model(config: ml_collections.ConfigDict, module: nn.Module) -> TaskModel:
+    """`load_model` of a fine-tuning config and the tokenizer its vocab gives.
+
+    Reads `init_from`, `from_scratch`, `bert_config_file`, `model_overrides` (None values
+    keep the checkpoint's), `vocab_file` (default: the one beside the checkpoint),
+    `do_lower_case`, and `seed`/`prng_impl` through the init key of `run_keys`.
+
+    Raises:
+        ValueError: no vocab found, or one with more tokens than the model has embeddings
+            (their ids would read past the table).
+    """
+    from data_pipelines.tokenization import load_tokenizer
+
+    overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
+    module, bert_config, params, found_vocab = load_model(
+        module,
+        config.init_from,
+        from_scratch=config.from_scratch,
+        bert_config_file=config.bert_config_file or None,
+        rng=run_keys(config)[0],
+        **overrides,
+    )
+    vocab_file = config.vocab_file or found_vocab
+    if not vocab_file:
+        raise ValueError(f"no vocab.txt beside {config.init_from}; set --config.vocab_file")
+    tokenizer = load_tokenizer(vocab_file, do_lower_case=config.do_lower_case)
+    if tokenizer.vocab_size > bert_config.vocab_size:
+        raise ValueError(f"{vocab_file} has {tokenizer.vocab_size} tokens > the model's "
+                         f"vocab_size {bert_config.vocab_size}")  # fmt: skip
+    return TaskModel(module, bert_config, params, tokenizer, vocab_file)
+
+
 def make_optimizer(
     learning_rate: float,
     num_train_steps: int,

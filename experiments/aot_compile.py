@@ -276,8 +276,11 @@ def compile_steps(config, devices, *, evaluate: bool = True):
     state = checkpointing.abstract_like(run.abstract_state, run.shardings)
     data = config.data
     seq_len, predictions = data.max_seq_length, data.max_predictions_per_seq
+    instances = train.max_instances_per_row(config)  # packed rows carry the packing inputs
     batch_shapes = jax.eval_shape(
-        functools.partial(train.example_batch, config.global_batch_size, seq_len, predictions)
+        functools.partial(
+            train.example_batch, config.global_batch_size, seq_len, predictions, instances
+        )
     )
     batch_sharding = sharding.batch_sharding(mesh, run.rules)
     batch = jax.tree.map(

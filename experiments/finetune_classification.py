@@ -45,7 +45,6 @@ from data_pipelines import cli
 from data_pipelines.tasks import glue
 from data_pipelines.tasks.classification_features import SentenceFeatures, encode_sentences
 from data_pipelines.tasks.sentence_tasks import SentenceTask, load_sentence_task
-from data_pipelines.tokenization import load_tokenizer
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 
@@ -158,23 +157,10 @@ def finetune(
         chosen = np.random.default_rng(config.seed).permutation(len(train))
         task.splits["train"] = [train[i] for i in np.sort(chosen[: config.max_train_examples])]
     num_outputs = 1 if task.labels is None else len(task.labels)
-    overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
-    init_rng, dropout_rng = common.run_keys(config)
-    model, bert_config, params, vocab_file = common.load_model(
-        BertForSequenceClassification(BertConfig(), num_outputs, pooling=config.pooling),
-        config.init_from,
-        from_scratch=config.from_scratch,
-        bert_config_file=config.bert_config_file or None,
-        rng=init_rng,
-        **overrides,
+    model, bert_config, params, tokenizer, vocab_file = common.load_task_model(
+        config, BertForSequenceClassification(BertConfig(), num_outputs, pooling=config.pooling)
     )
-    vocab_file = config.vocab_file or vocab_file
-    if not vocab_file:
-        raise ValueError(f"no vocab.txt beside {config.init_from}; set --config.vocab_file")
-    tokenizer = load_tokenizer(vocab_file, do_lower_case=config.do_lower_case)
-    if tokenizer.vocab_size > bert_config.vocab_size:
-        raise ValueError(f"{vocab_file} has {tokenizer.vocab_size} tokens > the model's "
-                         f"vocab_size {bert_config.vocab_size}")  # fmt: skip
+    _, dropout_rng = common.run_keys(config)
 
     features = {
         split: encode_sentences(

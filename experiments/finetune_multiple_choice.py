@@ -44,7 +44,6 @@ from data_pipelines.tasks.multiple_choice import (
     encode_choices,
     load_multiple_choice_task,
 )
-from data_pipelines.tokenization import load_tokenizer
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 
@@ -106,20 +105,10 @@ def finetune(
         train = task.splits["train"]
         chosen = np.random.default_rng(config.seed).permutation(len(train))
         task.splits["train"] = [train[i] for i in np.sort(chosen[: config.max_train_examples])]
-    overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
-    init_rng, dropout_rng = common.run_keys(config)
-    model, bert_config, params, vocab_file = common.load_model(
-        BertForMultipleChoice(BertConfig()),
-        config.init_from,
-        from_scratch=config.from_scratch,
-        bert_config_file=config.bert_config_file or None,
-        rng=init_rng,
-        **overrides,
+    model, bert_config, params, tokenizer, vocab_file = common.load_task_model(
+        config, BertForMultipleChoice(BertConfig())
     )
-    vocab_file = config.vocab_file or vocab_file
-    if not vocab_file:
-        raise ValueError(f"no vocab.txt beside {config.init_from}; set --config.vocab_file")
-    tokenizer = load_tokenizer(vocab_file, do_lower_case=config.do_lower_case)
+    _, dropout_rng = common.run_keys(config)
     features = {
         split: encode_choices(
             examples, tokenizer, config.max_seq_length, name=f"{task.name} {split}"

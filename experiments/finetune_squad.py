@@ -38,7 +38,6 @@ from bert_jax.heads import BertForQuestionAnswering
 from data_pipelines import cli
 from data_pipelines.tasks import squad
 from data_pipelines.tasks.squad_predictions import postprocess
-from data_pipelines.tokenization import load_tokenizer
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 
@@ -110,20 +109,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     eval_examples = read(config.predict_file, False)
     if config.max_train_examples:
         train_examples = train_examples[: config.max_train_examples]
-    overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
-    init_rng, dropout_rng = common.run_keys(config)
-    model, bert_config, params, vocab_file = common.load_model(
-        BertForQuestionAnswering(BertConfig()),
-        config.init_from,
-        from_scratch=config.from_scratch,
-        bert_config_file=config.bert_config_file or None,
-        rng=init_rng,
-        **overrides,
+    model, _, params, tokenizer, _ = common.load_task_model(
+        config, BertForQuestionAnswering(BertConfig())
     )
-    vocab_file = config.vocab_file or vocab_file
-    if not vocab_file:
-        raise ValueError(f"no vocab.txt beside {config.init_from}; set --config.vocab_file")
-    tokenizer = load_tokenizer(vocab_file, do_lower_case=config.do_lower_case)
+    _, dropout_rng = common.run_keys(config)
     windows = dict(max_seq_length=config.max_seq_length, doc_stride=config.doc_stride,
                    max_query_length=config.max_query_length)  # fmt: skip
     train = squad.encode_squad(train_examples, tokenizer, is_training=True, **windows)

@@ -40,7 +40,6 @@ from data_pipelines import cli
 from data_pipelines.tasks.conll import write_conll
 from data_pipelines.tasks.tagging_features import TaggingFeatures, decode, encode_tagged
 from data_pipelines.tasks.tagging_tasks import load_tagging_task
-from data_pipelines.tokenization import load_tokenizer
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 
@@ -93,20 +92,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     )  # fmt: skip
     if config.max_train_examples:
         task.splits["train"] = task.splits["train"][: config.max_train_examples]
-    overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
-    init_rng, dropout_rng = common.run_keys(config)
-    model, bert_config, params, vocab_file = common.load_model(
-        BertForTokenClassification(BertConfig(), len(task.tags)),
-        config.init_from,
-        from_scratch=config.from_scratch,
-        bert_config_file=config.bert_config_file or None,
-        rng=init_rng,
-        **overrides,
+    model, _, params, tokenizer, _ = common.load_task_model(
+        config, BertForTokenClassification(BertConfig(), len(task.tags))
     )
-    vocab_file = config.vocab_file or vocab_file
-    if not vocab_file:
-        raise ValueError(f"no vocab.txt beside {config.init_from}; set --config.vocab_file")
-    tokenizer = load_tokenizer(vocab_file, do_lower_case=config.do_lower_case)
+    _, dropout_rng = common.run_keys(config)
     features = {
         split: encode_tagged(
             examples, tokenizer, config.max_seq_length, task.tags, name=f"{task.name} {split}"

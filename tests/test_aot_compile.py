@@ -238,6 +238,23 @@ def test_tiny_config_compiles_for_a_v4_slice_and_fits():
     assert "compiler's estimate" in out
 
 
+@pytest.mark.parametrize("pack", [False, True])
+def test_compile_steps_builds_the_batch_the_run_reads(pack):
+    """Packed runs read more features (`records.PACKED_BATCH`): the check compiles those."""
+    import jax
+
+    from experiments.configs import bert_tiny_cpu
+
+    config = bert_tiny_cpu.get_config()
+    config.data.pack = pack
+    config.data.max_seq_length = 32
+    config.data.max_predictions_per_seq = 5
+    train_step, eval_step, mesh, _ = aot_compile.compile_steps(config, jax.devices())
+    batch_args = train_step.input_shardings[0][1]  # (state, batch, rng) -> the batch's
+    assert ("instance_ids" in batch_args) == pack and "input_ids" in batch_args
+    assert eval_step is not None and mesh.size == len(jax.devices())
+
+
 _ESTIMATE = re.compile(
     r"compiler's estimate \(unrolled layers\): ([\d.]+) ms/step = MFU ([\d.]+)%, "
     r"([\d,]+) steps = ([\d.]+) days \(([\d,]+) chip-hours\)"

@@ -76,6 +76,42 @@ def test_from_scratch_keeps_the_architecture_but_not_the_weights(checkpoints, re
     assert word.shape == reference.shape and not np.allclose(word, reference)
 
 
+def _task_config(init_from, **changes):
+    config = finetune_glue.get_config()
+    config.init_from = init_from
+    config.update(changes)
+    return config
+
+
+def test_load_task_model_reads_the_config_and_checks_the_vocab(checkpoints, tmp_path):
+    module = BertForSequenceClassification(BertConfig(), 2)
+    loaded = common.load_task_model(_task_config(str(checkpoints["hf"])), module)
+    assert loaded.vocab_file == str(Path(checkpoints["hf"]) / "vocab.txt")
+    assert loaded.tokenizer.vocab_size == loaded.config.vocab_size == TINY.vocab_size
+    assert loaded.module.config == loaded.config and set(loaded.params) == {"bert", "classifier"}
+    # The same seed draws the same head; another seed another one.
+    again = common.load_task_model(_task_config(str(checkpoints["hf"])), module)
+    other = common.load_task_model(_task_config(str(checkpoints["hf"]), seed=7), module)
+    head = np.asarray(loaded.params["classifier"]["kernel"])
+    np.testing.assert_array_equal(head, np.asarray(again.params["classifier"]["kernel"]))
+    assert not np.allclose(head, np.asarray(other.params["classifier"]["kernel"]))
+
+    # A vocab with more tokens than the embedding table has rows is refused, by name.
+    big = tmp_path / "big_vocab.txt"
+    big.write_text(Path(loaded.vocab_file).read_text() + "extra1\nextra2\n")
+    with pytest.raises(ValueError, match="big_vocab.txt has .* tokens > the model's vocab_size"):
+        common.load_task_model(_task_config(str(checkpoints["hf"]), vocab_file=str(big)), module)
+
+    # A checkpoint without a vocab beside it and no --config.vocab_file names the flag.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for item in Path(checkpoints["hf"]).iterdir():
+        if item.name != "vocab.txt":
+            (bare / item.name).symlink_to(item)
+    with pytest.raises(ValueError, match="no vocab.txt beside .*bare; set --config.vocab_file"):
+        common.load_task_model(_task_config(str(bare)), module)
+
+
 def _setup_step(num_labels, lr=1e-3):
     mesh = sharding.create_mesh((1, 1, 1), jax.devices()[:1])  # the scripts run on 8
     model = BertForSequenceClassification(TINY, num_labels)
