@@ -38,7 +38,6 @@ from bert_jax.config import BertConfig
 from bert_jax.feature_based import BiLSTMTagger, FeatureCache
 from bert_jax.model import BertModel
 from data_pipelines import cli
-from data_pipelines.tokenization import load_tokenizer
 from experiments import finetune_tagging as ftt
 
 TRAIN_KEYS = ("features", "input_mask", "label_ids", "label_weights")
@@ -82,20 +81,12 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     os.makedirs(workdir, exist_ok=True)
     feature_based.check_combination(config.layers)  # an unknown name fails before loading
     task = ftt.load_task(config)
-    init_rng, dropout_rng = common.run_keys(config)
-    encoder_rng, tagger_rng = jax.random.split(init_rng)
-    encoder, bert_config, encoder_params, vocab_file = common.load_model(
-        BertModel(BertConfig(), add_pooling_layer=False),
-        config.init_from,
-        from_scratch=config.from_scratch,
-        bert_config_file=config.bert_config_file or None,
-        rng=encoder_rng,
+    encoder, bert_config, encoder_params, tokenizer, _ = common.load_task_model(
+        config, BertModel(BertConfig(), add_pooling_layer=False)
     )
     feature_based.check_combination(config.layers, bert_config.num_hidden_layers)
-    vocab_file = config.vocab_file or vocab_file
-    if not vocab_file:
-        raise ValueError(f"no vocab.txt beside {config.init_from}; set --config.vocab_file")
-    tokenizer = load_tokenizer(vocab_file, do_lower_case=config.do_lower_case)
+    init_rng, dropout_rng = common.run_keys(config)
+    tagger_rng = jax.random.fold_in(init_rng, 1)  # init_rng itself: a from_scratch encoder
     features = ftt.encode_splits(task, tokenizer, config.max_seq_length)
 
     # The frozen encoder's features, once; its params are dropped before training starts.

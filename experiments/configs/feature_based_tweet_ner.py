@@ -33,6 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.vocab_file = ""  # "" = the vocab.txt beside init_from
     config.do_lower_case = True  # MiniLM is uncased
     config.from_scratch = False  # True: a random frozen encoder (what the BiLSTM does alone)
+    config.model_overrides = ml_collections.ConfigDict()  # none: the encoder runs without dropout
 
     # Which hidden states the BiLSTM reads (bert_jax.feature_based.COMBINATIONS): embeddings,
     # last, second_to_last, sum_last_4, concat_last_4, sum_all, scalar_mix.
