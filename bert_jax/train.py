@@ -93,6 +93,49 @@ def check_objective(config: ml_collections.ConfigDict) -> None:
         )
 
 
+def check_records_kind(config: ml_collections.ConfigDict) -> None:
+    """Refuses training NSP on single-segment records, as far as their stats JSON tells.
+
+    `create_pretraining_data` writes `<first output file>.stats.json` saying whether it
+    made sentence pairs (`next_sentence`); records made without it carry NSP labels that
+    are all 0, on which "mlm_nsp" would learn nothing. (The other way round, "mlm" or "ltr"
+    on sentence pairs, trains: the pairs are read as text; a warning says so.)
+
+    Raises:
+        ConfigError: config.objective "mlm_nsp" with records a stats JSON calls single segments.
+    """
+    import tensorflow as tf
+
+    from data_pipelines import input_pipeline
+
+    name = objective(config)
+    # The stats sit beside a run's first shard: one look per directory, not one per shard
+    # (thousands of them in a bucket).
+    firsts = {}
+    for path in input_pipeline.list_files(config.data.train_files):
+        firsts.setdefault(os.path.dirname(path), path)
+    for path in firsts.values():
+        stats_path = path + ".stats.json"
+        if not tf.io.gfile.exists(stats_path):
+            continue
+        with tf.io.gfile.GFile(stats_path) as f:
+            pairs = json.load(f).get("next_sentence", True)  # older stats: always pairs
+        if name == "mlm_nsp" and not pairs:
+            raise ConfigError(
+                f"config.objective='mlm_nsp' trains next sentence prediction, but {path} holds "
+                "single segments (create_pretraining_data --next_sentence=false): set "
+                "config.objective='mlm' (or make sentence-pair records)"
+            )
+        if name != "mlm_nsp" and pairs:
+            logging.warning(
+                "config.objective=%r on sentence-pair records (%s): the pairs, random B "
+                "segments included, are read as text; --next_sentence=false makes the "
+                "single segments this objective is defined on",
+                name,
+                path,
+            )
+
+
 def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> BertConfig:
     """The frozen model config an experiment's `config.model` block describes (causal for
     the "ltr" objective)."""
@@ -318,7 +361,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     tokenizer = load_tokenizer(config.data.vocab_file, do_lower_case=config.data.do_lower_case)
     mesh = sharding.create_mesh(config.mesh_shape)
-    run = setup(config, mesh, tokenizer.vocab_size)
+    run = setup(config, mesh, tokenizer.vocab_size)  # checks the objective's config keys
+    check_records_kind(config)
     cfg, shardings = run.model_config, run.shardings
     if cfg.vocab_size < tokenizer.vocab_size:
         raise ValueError(

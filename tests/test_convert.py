@@ -696,8 +696,11 @@ def test_an_ltr_pretraining_model_exports_as_a_bert_lm_head_model(gelu_batch, tm
     diff = float(np.abs(np.where(real, ours - expected, 0)).max())
     print(f"BertLMHeadModel logits: max |ours - transformers| = {diff:.3g}")
     assert diff <= TOL
-    # And it reads back as the same causal model.
-    assert convert.load_pretrained(out, model="encoder")[0] == config
+    # And it reads back as the same causal model with its LM head (what the CLI's "auto"
+    # loads: MLM head alone -> the pretraining model without NSP, so the head is kept).
+    loaded_config, loaded, _ = convert.load_pretrained(out, model="auto")
+    assert loaded_config == config
+    _array_tree_equal(loaded, params)
 
 
 # --- CLI --------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Optimizer faithfulness and sharded training trajectories (8 fake CPU devices)."""
 
 import functools
+import json
 
 import flax.linen as nn
 import jax
@@ -414,3 +415,25 @@ def test_objective_combinations_that_cannot_work_name_their_keys():
     config.objective = "mlm_nsp"  # the default, and what a config without the key gets
     del config["objective"]
     assert train.objective(config) == "mlm_nsp" and not train.model_config(config).causal
+
+
+def test_nsp_on_single_segment_records_is_refused_by_their_stats_json(tmp_path, caplog):
+    config = bert_tiny_cpu.get_config()
+    config.data.train_files = str(tmp_path / "train-*.tfrecord")
+    (tmp_path / "train-0.tfrecord").write_bytes(b"")
+    (tmp_path / "train-1.tfrecord").write_bytes(b"")
+    train.check_records_kind(config)  # no stats JSON: nothing to go by
+    stats = tmp_path / "train-0.tfrecord.stats.json"
+    stats.write_text(json.dumps({"instances": 3}))  # older stats: sentence pairs
+    train.check_records_kind(config)
+    stats.write_text(json.dumps({"next_sentence": False}))
+    with pytest.raises(
+        ConfigError, match="train-0.tfrecord holds single segments .*objective='mlm'"
+    ):
+        train.check_records_kind(config)
+    config.objective = "mlm"
+    train.check_records_kind(config)
+    stats.write_text(json.dumps({"next_sentence": True}))
+    with caplog.at_level("WARNING"):
+        train.check_records_kind(config)
+    assert "config.objective='mlm' on sentence-pair records" in caplog.text
