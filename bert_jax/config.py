@@ -56,6 +56,12 @@ _JSON_ACTS = {
 }
 
 
+# The pretraining objectives an experiment picks with `config.objective`, the rows of the
+# paper's Table 5: "mlm_nsp" masked LM + next sentence prediction (BERT), "mlm" masked LM
+# alone ("No NSP"), "ltr" a left-to-right LM, causal attention, no NSP ("LTR & No NSP").
+OBJECTIVES = ("mlm_nsp", "mlm", "ltr")
+
+
 class ConfigError(ValueError):
     """A model configuration that cannot describe a working BERT."""
 
@@ -84,6 +90,10 @@ class BertConfig:
     # ("xla", "cudnn") cannot drop attention probabilities: training with them needs
     # attention_probs_dropout_prob=0 (the model refuses otherwise), a recipe change.
     attention_implementation: str = "einsum"
+    # Left-to-right attention: position t attends only positions <= t (and real tokens), the
+    # paper's "LTR" ablation, in pretraining and fine-tuning alike; the pooled output is then
+    # the last real token's (see `bert_jax.model.BertModel`). HF's `is_decoder`.
+    causal: bool = False
 
     def __post_init__(self):
         problems = []
@@ -126,6 +136,8 @@ class BertConfig:
                 f"attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, got "
                 f"{self.attention_implementation!r}"
             )
+        if not isinstance(self.causal, bool):
+            problems.append(f"causal must be True or False, got {self.causal!r}")
         if problems:
             raise ConfigError("invalid BertConfig: " + "; ".join(problems))
 
@@ -153,21 +165,51 @@ class BertConfig:
         return cls(**fields)
 
     @classmethod
-    def from_experiment(cls, model: Mapping[str, Any], vocab_size: int | None = None) -> BertConfig:
+    def from_experiment(
+        cls,
+        model: Mapping[str, Any],
+        vocab_size: int | None = None,
+        objective: str = "mlm_nsp",
+    ) -> BertConfig:
         """The config an experiment's `model` block describes: a preset and overrides.
 
         Fields set to None keep the preset's value; vocab_size, when the block leaves it to
-        the vocab file, is `vocab_size` (default 30522, BERT's uncased vocab).
+        the vocab file, is `vocab_size` (default 30522, BERT's uncased vocab). `objective`
+        (the experiment's `config.objective`, one of OBJECTIVES) makes the model causal for
+        "ltr": the one place where an objective reaches the network.
         """
+        if objective not in OBJECTIVES:
+            raise ConfigError(f"config.objective must be one of {OBJECTIVES}, got {objective!r}")
         fields = {k: v for k, v in model.items() if v is not None}
         preset = fields.pop("preset")
         fields.setdefault("vocab_size", vocab_size or 30522)
+        causal = objective == "ltr"
+        if fields.get("causal", causal) != causal:
+            raise ConfigError(
+                f"model.causal={fields['causal']} contradicts config.objective={objective!r} "
+                "(only 'ltr' is causal): set the objective alone"
+            )
+        fields["causal"] = causal
         return cls.from_preset(preset, **fields)
 
     # --- JSON: Google's bert_config.json and Hugging Face's config.json -------------------
 
     def to_google_dict(self) -> dict[str, Any]:
-        """The fields of Google's `bert_config.json` (whose "gelu" is the tanh form)."""
+        """The fields of Google's `bert_config.json` (whose "gelu" is the tanh form).
+
+        Raises:
+            ConfigError: a causal model: the file has no field for it, and google-research/bert
+                would run the weights bidirectionally, a different network.
+        """
+        if self.causal:
+            raise ConfigError(
+                "a causal (left-to-right) model has no Google bert_config.json: "
+                "google-research/bert has no causal attention and would run it bidirectionally; "
+                "write the HF config.json (is_decoder=true) instead"
+            )
+        return self._architecture_dict()
+
+    def _architecture_dict(self) -> dict[str, Any]:
         return {
             "attention_probs_dropout_prob": self.attention_probs_dropout_prob,
             "hidden_act": "gelu" if self.hidden_act == "gelu_tanh" else "gelu_exact",
@@ -183,13 +225,19 @@ class BertConfig:
         }
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """A `transformers` `BertConfig` as its `config.json` stores it."""
+        """A `transformers` `BertConfig` as its `config.json` stores it.
+
+        A causal model gets `is_decoder: true`, under which transformers' BertModel applies
+        the same causal-and-padding mask (its pooler still reads [CLS]: see `BertModel`).
+        """
+        causal = {"is_decoder": True} if self.causal else {}
         return {
             "architectures": ["BertForPreTraining"],
             "model_type": "bert",
-            **self.to_google_dict(),
+            **self._architecture_dict(),
             # "gelu_new", not "gelu_pytorch_tanh": the tanh formula itself, op for op.
             "hidden_act": "gelu_new" if self.hidden_act == "gelu_tanh" else "gelu",
+            **causal,
             "layer_norm_eps": self.layer_norm_eps,
             "pad_token_id": 0,
             "position_embedding_type": "absolute",
@@ -219,6 +267,8 @@ class BertConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in data.items() if k in names and k not in ("dtype",)}
         fields["hidden_act"] = acts[act]
+        if flavour == "hf" and "is_decoder" in data:  # transformers' name for causal attention
+            fields["causal"] = bool(data["is_decoder"])
         fields.update(overrides)
         try:
             return cls(**fields)

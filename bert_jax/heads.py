@@ -1,5 +1,5 @@
-"""Task heads on top of `BertModel`: pretraining (MLM + NSP), classification, tagging, QA,
-multiple choice.
+"""Task heads on top of `BertModel`: pretraining (MLM + NSP, or MLM alone), classification,
+tagging, QA, multiple choice.
 
 Each model keeps the encoder under the name `bert`, so that an encoder checkpoint
 restores into any of them and a fresh head is the only thing left to initialise.
@@ -53,8 +53,8 @@ class MaskedLMHead(nn.Module):
 
 class PreTrainingOutput(NamedTuple):
     mlm_logits: jax.Array  # (B, P, V) at the gathered masked_lm_positions only
-    nsp_logits: jax.Array  # (B, 2) 0 = B follows A, 1 = B is random (the original labels);
-    # (B, I, 2) for packed rows, one per instance slot
+    nsp_logits: jax.Array | None  # (B, 2) 0 = B follows A, 1 = B is random (the original
+    # labels); (B, I, 2) for packed rows, one per instance slot; None without the NSP head
 
 
 class BertForPreTraining(nn.Module):
@@ -62,14 +62,23 @@ class BertForPreTraining(nn.Module):
 
     Packed rows (`data_pipelines.packing`) add `position_ids`, `instance_ids` and
     `cls_positions` (see `BertModel`): NSP is then predicted at each instance's [CLS].
+
+    `next_sentence=False` (the "mlm" and "ltr" objectives, `bert_jax.train`) has no NSP head
+    and no pooler either: only NSP trains the pooler, which would otherwise sit at its init
+    while weight decay shrinks it; a classifier fine-tuned from such a checkpoint starts its
+    pooler fresh, as transformers' BertForMaskedLM and BertLMHeadModel (no pooler) do. The
+    "ltr" objective's next-token predictions go through the same MLM head (the positions
+    and targets are the input pipeline's, `data_pipelines.input_pipeline`).
     """
 
     config: BertConfig
+    next_sentence: bool = True  # the NSP head (and the pooler it reads)
 
     def setup(self):
-        self.bert = BertModel(self.config)
+        self.bert = BertModel(self.config, add_pooling_layer=self.next_sentence)
         self.mlm = MaskedLMHead(self.config)
-        self.nsp = dense(self.config, 2, ("embed", None), "nsp")
+        if self.next_sentence:
+            self.nsp = dense(self.config, 2, ("embed", None), "nsp")
 
     def __call__(
         self,
@@ -94,7 +103,8 @@ class BertForPreTraining(nn.Module):
         )
         masked_states = gather_positions(out.sequence_output, masked_lm_positions)
         mlm_logits = self.mlm(masked_states, self.bert.embeddings.word_table())
-        return PreTrainingOutput(mlm_logits, self.nsp(out.pooled_output))
+        nsp_logits = self.nsp(out.pooled_output) if self.next_sentence else None
+        return PreTrainingOutput(mlm_logits, nsp_logits)
 
     def encode(self, input_ids, input_mask, token_type_ids, **kwargs) -> BertOutput:
         """The encoder alone (e.g. for feature extraction from a pretraining model)."""

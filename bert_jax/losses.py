@@ -1,5 +1,9 @@
 """Pretraining losses and accuracies: MLM over `masked_lm_weights`, NSP over the batch.
 
+Without the NSP head (`nsp_logits` None: the "mlm" and "ltr" objectives) the loss is the MLM
+term alone and the metrics have no nsp_* keys. For "ltr" the MLM term is the left-to-right
+LM's: the input pipeline puts the next token of every real position in masked_lm_ids.
+
 Both average per instance as if unpacked, so a packed batch has the loss of the same
 instances unpacked: MLM is one weighted mean over every prediction of the batch, wherever
 they sit, and NSP the mean over real instances (`instance_weights` of a packed batch).
@@ -33,6 +37,8 @@ def pretraining_loss(
     mlm_loss, mlm_accuracy = weighted_cross_entropy(
         outputs.mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"]
     )
+    if outputs.nsp_logits is None:  # no NSP head: the MLM (or LTR) term is the whole loss
+        return mlm_loss, {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_accuracy": mlm_accuracy}
     nsp_logits = outputs.nsp_logits.astype(jnp.float32)
     if "instance_weights" in batch:  # packed: (B, I) instance slots, the empty ones weigh 0
         nsp_labels = batch["instance_next_sentence_labels"]

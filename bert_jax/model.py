@@ -115,18 +115,44 @@ def dense(config: BertConfig, features, names: tuple[str | None, ...], name: str
     return Dense(config, features, names, contract, name=name)
 
 
-def attention_mask(input_mask: jax.Array, instance_ids: jax.Array | None = None) -> jax.Array:
+def attention_mask(
+    input_mask: jax.Array, instance_ids: jax.Array | None = None, causal: bool = False
+) -> jax.Array:
     """Which keys each query attends, as a boolean mask broadcastable to (B, A, T, S).
 
     Unpacked rows, (B, T) 1/0 `input_mask` -> (B, 1, 1, S): every query attends the real
     tokens. Packed rows, (B, T) `instance_ids` (1, 2, ... per instance, 0 on padding) ->
     (B, 1, T, S) block-diagonal: a token attends only its own instance, and padding attends
-    nothing and is attended by nothing.
+    nothing and is attended by nothing. `causal` ANDs in the lower triangle (B, 1, T, S):
+    query t attends keys s <= t only (within its instance, when packed, since instances
+    are contiguous).
     """
     if instance_ids is None:
-        return (input_mask > 0)[:, None, None, :]
-    same = instance_ids[:, :, None] == instance_ids[:, None, :]  # (B, T, S)
-    return (same & (instance_ids[:, None, :] > 0))[:, None]
+        mask = (input_mask > 0)[:, None, None, :]  # (B, 1, 1, S)
+    else:
+        same = instance_ids[:, :, None] == instance_ids[:, None, :]  # (B, T, S)
+        mask = (same & (instance_ids[:, None, :] > 0))[:, None]  # (B, 1, T, S)
+    if causal:
+        length = input_mask.shape[1]
+        mask = mask & jnp.tril(jnp.ones((length, length), bool))[None, None]  # (B, 1, T, S)
+    return mask
+
+
+def last_token_positions(
+    input_mask: jax.Array, instance_ids: jax.Array | None = None, num_instances: int = 0
+) -> jax.Array:
+    """Where each row's (or, packed, each instance slot's) last real token is.
+
+    (B, T) -> (B,) positions; packed, (B, T) `instance_ids` -> (B, I) positions for the I
+    slots, 0 for an empty slot. The highest real position, not the count minus one, so a
+    mask need not be a prefix.
+    """
+    positions = jnp.arange(input_mask.shape[1])  # (T,)
+    if instance_ids is None:
+        return jnp.max(jnp.where(input_mask > 0, positions, 0), axis=1)  # (B,)
+    slots = jnp.arange(1, num_instances + 1)  # (I,)
+    in_slot = instance_ids[:, None, :] == slots[None, :, None]  # (B, I, T)
+    return jnp.max(jnp.where(in_slot, positions, 0), axis=2)  # (B, I)
 
 
 def attention_bias(mask: jax.Array) -> jax.Array:
@@ -317,12 +343,19 @@ class Encoder(nn.Module):
 
 class BertOutput(NamedTuple):
     sequence_output: jax.Array  # (B, T, H) last layer
-    pooled_output: jax.Array | None  # (B, H) tanh(dense([CLS])); (B, I, H) for packed rows
+    # (B, H) tanh(dense([CLS])), of the last real token in a causal model; (B, I, H) packed
+    pooled_output: jax.Array | None
     hidden_states: tuple[jax.Array, ...]  # embeddings + every layer, when asked for
 
 
 class BertModel(nn.Module):
-    """The BERT encoder with the [CLS] pooler."""
+    """The BERT encoder with the [CLS] pooler.
+
+    A causal model (`config.causal`) pools its last real token instead: its [CLS] attends
+    only itself and says nothing about the sequence, while the last token has read all of
+    it (as GPT's classifier does). transformers' `BertModel(is_decoder=True)` has the same
+    encoder but still pools [CLS].
+    """
 
     config: BertConfig
     add_pooling_layer: bool = True
@@ -355,13 +388,22 @@ class BertModel(nn.Module):
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         embedded = self.embeddings(input_ids, token_type_ids, deterministic, position_ids)
-        mask = attention_mask(input_mask, instance_ids)
+        causal = self.config.causal
+        mask = attention_mask(input_mask, instance_ids, causal)
         x, hidden = self.encoder(embedded, mask, deterministic, output_hidden_states)
         pooled = None
         if self.add_pooling_layer:
             if cls_positions is None:
-                cls_states = x[:, 0]  # (B, H)
+                if causal:
+                    last = last_token_positions(input_mask)  # (B,)
+                    cls_states = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+                else:
+                    cls_states = x[:, 0]  # (B, H)
             else:
+                if causal:  # each packed instance's last token, not its [CLS]
+                    cls_positions = last_token_positions(
+                        input_mask, instance_ids, cls_positions.shape[1]
+                    )
                 cls_states = jnp.take_along_axis(
                     x, cls_positions[..., None].astype(jnp.int32), axis=1
                 )  # (B, I, H)

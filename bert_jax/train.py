@@ -7,6 +7,16 @@ PRNG implementation `config.prng_impl` names), so a resumed run repeats the unin
 one exactly. `setup` builds the model, optimizer, abstract sharded state and steps of a
 config, for training and the ahead-of-time check alike.
 
+The pretraining objective is `config.objective` (`bert_jax.config.OBJECTIVES`, the paper's
+Table 5): "mlm_nsp" (BERT: masked LM + next sentence prediction, the default), "mlm" (masked
+LM alone: no NSP head, no pooler, no NSP loss; train on single-segment records,
+`create_pretraining_data --next_sentence=false`) or "ltr" (a left-to-right LM: causal
+attention, the loss predicts each next token through the MLM head; it reads unmasked
+single-segment records, `--masking=dynamic --next_sentence=false`, with
+`data.dynamic_masking=True` and `data.max_predictions_per_seq` equal to
+`data.max_seq_length`). `check_objective` names the config key of a combination that cannot
+work.
+
 Resume order (first that applies): a checkpoint in `<workdir>/checkpoints`, else
 `config.resume_from` (a full train state: params, optimizer, step), else
 `config.init_from` (params only: this project's checkpoint, a Google TF checkpoint or a
@@ -32,7 +42,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from bert_jax import checkpointing, optim, sharding, telemetry
-from bert_jax.config import BertConfig
+from bert_jax.config import OBJECTIVES, BertConfig, ConfigError
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import pretraining_loss
 from bert_jax.train_state import (
@@ -51,9 +61,90 @@ MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
 PACKING_INPUTS = ("position_ids", "instance_ids", "cls_positions")
 
 
+def objective(config: ml_collections.ConfigDict) -> str:
+    """The pretraining objective, `config.objective` (configs older than the key: "mlm_nsp")."""
+    return config.get("objective", "mlm_nsp")
+
+
+def check_objective(config: ml_collections.ConfigDict) -> None:
+    """Refuses a config whose data cannot train its objective, naming the keys.
+
+    Raises:
+        ConfigError: an unknown objective, or "ltr" without unmasked records
+            (`data.dynamic_masking`) or with `data.max_predictions_per_seq` !=
+            `data.max_seq_length` (the next-token targets fill one slot per position).
+    """
+    name, data = objective(config), config.data
+    if name not in OBJECTIVES:
+        raise ConfigError(f"config.objective must be one of {OBJECTIVES}, got {name!r}")
+    if name != "ltr":
+        return
+    if not data.dynamic_masking:
+        raise ConfigError(
+            "config.objective='ltr' reads unmasked records (create_pretraining_data "
+            "--masking=dynamic --next_sentence=false) and makes next-token targets from them: "
+            "set config.data.dynamic_masking=True"
+        )
+    if data.max_predictions_per_seq != data.max_seq_length:
+        raise ConfigError(
+            f"config.objective='ltr' predicts the next token at every position: "
+            f"config.data.max_predictions_per_seq must equal config.data.max_seq_length "
+            f"({data.max_seq_length}), got {data.max_predictions_per_seq}"
+        )
+
+
+def check_records_kind(config: ml_collections.ConfigDict) -> None:
+    """Refuses training NSP on single-segment records, as far as their stats JSON tells.
+
+    `create_pretraining_data` writes `<first output file>.stats.json` saying whether it
+    made sentence pairs (`next_sentence`); records made without it carry NSP labels that
+    are all 0, on which "mlm_nsp" would learn nothing. (The other way round, "mlm" or "ltr"
+    on sentence pairs, trains: the pairs are read as text; a warning says so.)
+
+    Raises:
+        ConfigError: config.objective "mlm_nsp" with records a stats JSON calls single segments.
+    """
+    import tensorflow as tf
+
+    from data_pipelines import input_pipeline
+
+    name = objective(config)
+    # The stats sit beside a run's first shard: one look per directory, not one per shard
+    # (thousands of them in a bucket).
+    firsts = {}
+    for path in input_pipeline.list_files(config.data.train_files):
+        firsts.setdefault(os.path.dirname(path), path)
+    for path in firsts.values():
+        stats_path = path + ".stats.json"
+        if not tf.io.gfile.exists(stats_path):
+            continue
+        with tf.io.gfile.GFile(stats_path) as f:
+            pairs = json.load(f).get("next_sentence", True)  # older stats: always pairs
+        if name == "mlm_nsp" and not pairs:
+            raise ConfigError(
+                f"config.objective='mlm_nsp' trains next sentence prediction, but {path} holds "
+                "single segments (create_pretraining_data --next_sentence=false): set "
+                "config.objective='mlm' (or make sentence-pair records)"
+            )
+        if name != "mlm_nsp" and pairs:
+            logging.warning(
+                "config.objective=%r on sentence-pair records (%s): the pairs, random B "
+                "segments included, are read as text; --next_sentence=false makes the "
+                "single segments this objective is defined on",
+                name,
+                path,
+            )
+
+
 def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> BertConfig:
-    """The frozen model config an experiment's `config.model` block describes."""
-    return BertConfig.from_experiment(config.model, vocab_size)
+    """The frozen model config an experiment's `config.model` block describes (causal for
+    the "ltr" objective)."""
+    return BertConfig.from_experiment(config.model, vocab_size, objective(config))
+
+
+def pretraining_model(config: ml_collections.ConfigDict, cfg: BertConfig) -> BertForPreTraining:
+    """The pretraining model of `config.objective`: with the NSP head for "mlm_nsp" only."""
+    return BertForPreTraining(cfg, next_sentence=objective(config) == "mlm_nsp")
 
 
 def max_instances_per_row(config: ml_collections.ConfigDict) -> int | None:
@@ -141,8 +232,9 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
     Training and the ahead-of-time check (`experiments.aot_compile`) both build from here,
     so the check compiles exactly the steps that training runs.
     """
+    check_objective(config)
     cfg = model_config(config, vocab_size)
-    model = BertForPreTraining(cfg)
+    model = pretraining_model(config, cfg)
     accum = config.optimizer.get("grad_accum_steps", 1)
     tx = optim.make_optimizer(config.optimizer, config.num_train_steps // accum)
     schedule = optim.learning_rate_schedule(config.optimizer, config.num_train_steps // accum)
@@ -186,6 +278,8 @@ def _data_identity(config) -> dict:
     }
     if data.get("pack", False):  # only a packed run names it: unpacked identities stay as saved
         identity["max_instances_per_row"] = data.max_instances_per_row
+    if objective(config) != "mlm_nsp":  # likewise: BERT's identities stay as saved
+        identity["objective"] = objective(config)
     return identity
 
 
@@ -204,11 +298,12 @@ def _make_input(config, position, *, files, seed, mask_config):
         masking_config=mask_config,
         start_position=position,
         max_instances_per_row=max_instances_per_row(config),
+        next_token_targets=objective(config) == "ltr",
     )
 
 
 def _masking_config(config, tokenizer):
-    if not config.data.dynamic_masking:
+    if not config.data.dynamic_masking or objective(config) == "ltr":  # "ltr" masks nothing
         return None
     from data_pipelines import masking
 
@@ -222,14 +317,14 @@ def _masking_config(config, tokenizer):
     )
 
 
-def _load_init_params(path: str, cfg: BertConfig, abstract_params):
+def _load_init_params(path: str, model: BertForPreTraining, abstract_params):
     """Params for `init_from`: our checkpoint dir, a TF checkpoint or a HF directory."""
     if checkpointing.is_checkpoint_dir(path):
         params, _ = checkpointing.restore_params(path, abstract_params)
         return params
     from bert_jax import convert
 
-    _, params, _ = convert.load_pretrained(path, config=cfg, model="pretraining")
+    _, params, _ = convert.load_pretrained(path, config=model.config, model=model)
     return params
 
 
@@ -266,7 +361,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     tokenizer = load_tokenizer(config.data.vocab_file, do_lower_case=config.data.do_lower_case)
     mesh = sharding.create_mesh(config.mesh_shape)
-    run = setup(config, mesh, tokenizer.vocab_size)
+    run = setup(config, mesh, tokenizer.vocab_size)  # checks the objective's config keys
+    check_records_kind(config)
     cfg, shardings = run.model_config, run.shardings
     if cfg.vocab_size < tokenizer.vocab_size:
         raise ValueError(
@@ -281,7 +377,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     init_rng, dropout_rng = run_keys(config.seed, config.prng_impl)
     state, position, source = _restore(config, workdir, run.abstract_state, shardings)
     if state is None and config.init_from:
-        params = _load_init_params(config.init_from, cfg, run.abstract_state.params)
+        params = _load_init_params(config.init_from, run.model, run.abstract_state.params)
         state, _ = sharded_state(
             run.model, run.tx, mesh, run.inputs, params=params, rules=run.rules
         )

@@ -20,7 +20,13 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 # No TensorFlow import here (see create_pretraining_data's docstring).
-from data_pipelines import corpora, instances, pretraining_records, tfrecord_files
+from data_pipelines import (
+    corpora,
+    instances,
+    pretraining_records,
+    single_segments,
+    tfrecord_files,
+)
 
 if TYPE_CHECKING:
     from data_pipelines.create_pretraining_data import Options
@@ -79,9 +85,13 @@ class ChunkProcessor:
         ]
 
     def pair(self, index: int, documents: list[corpora.Document]) -> PairedChunk:
-        """Stage 1: chunk `index`'s documents -> its padded instances."""
+        """Stage 1: chunk `index`'s documents -> its padded instances (sentence pairs, or
+        single segments without `next_sentence`)."""
         options = self.options
         stats = instances.InstanceStats()
+        if not options.next_sentence:
+            chunk = self._tokenize(self._split(documents), stats, options.max_seq_length - 2)
+            return PairedChunk(index, self._single_segments(index, chunk, stats), stats)
         chunk = self._tokenize(self._split(documents), stats, options.max_seq_length - 3)
         if len(chunk.documents) < 2:
             raise ValueError(
@@ -104,6 +114,26 @@ class ChunkProcessor:
             sep_id=self.tokenizer.sep_id,
         )
         return PairedChunk(index, batch, stats)
+
+    def _single_segments(
+        self, index: int, chunk: instances.TokenizedChunk, stats: instances.InstanceStats
+    ) -> instances.InstanceBatch:
+        options = self.options
+        pieces = single_segments.create_chunk_instances(
+            chunk.documents,
+            instances.chunk_rng(options.random_seed, index),
+            max_seq_length=options.max_seq_length,
+            short_seq_prob=options.short_seq_prob,
+            dupe_factor=options.dupe_factor,
+            stats=stats,
+        )
+        return single_segments.assemble(
+            chunk,
+            pieces,
+            options.max_seq_length,
+            cls_id=self.tokenizer.cls_id,
+            sep_id=self.tokenizer.sep_id,
+        )
 
     def encode(
         self, index: int, part_index: int, part: instances.InstanceBatch

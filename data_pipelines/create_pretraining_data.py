@@ -19,6 +19,10 @@ Differences from the original, for corpora that do not fit in memory and for spe
 * `--masking=dynamic` writes unmasked instances (with `word_starts`) for masking on the
   fly in the input pipeline; `--masking=static` (default) writes masked records like the
   original, `--dupe_factor` differently masked passes.
+* `--next_sentence=false` writes single-segment instances `[CLS] text [SEP]` of contiguous
+  text from one document instead of sentence pairs (`data_pipelines.single_segments`), for
+  the objectives without next sentence prediction (`bert_jax.train`: "mlm", and "ltr" with
+  `--masking=dynamic`). The records keep the original schema (next_sentence_labels 0).
 * Nothing here imports TensorFlow (unless an input or output is a URL or a TFDS dataset):
   static masks come from `numpy_masking` (the masking rules, numpy's draws, on every path) and
   records are framed by `tfrecord_files`, so neither the main process nor a worker pays
@@ -72,6 +76,7 @@ class Options:
     num_output_shards: int = 1  # shards made from a single --output_file
     num_workers: int = 1  # processes over chunks; 1 works in this process
     masking: str = "static"  # "static": masked records; "dynamic": unmasked + word_starts
+    next_sentence: bool = True  # sentence pairs with NSP labels; False: [CLS] text [SEP]
     corpus: str = ""  # an embedded corpus instead of --input_file
     documents_per_chunk: int = 256  # documents shuffled/paired together
     split_sentences: bool = False  # input lines are paragraphs: split them with pysbd
@@ -86,7 +91,12 @@ class Options:
     def validate(self) -> None:
         """Raises ValueError naming the flag of any value out of range."""
         checks = [
-            (self.max_seq_length >= 5, "--max_seq_length must be >= 5 ([CLS] A [SEP] B [SEP])"),
+            (
+                self.max_seq_length >= (5 if self.next_sentence else 4),
+                "--max_seq_length must be >= 5 ([CLS] A [SEP] B [SEP])"
+                if self.next_sentence
+                else "--max_seq_length must be >= 4 ([CLS] text [SEP], text of 2 tokens or more)",
+            ),
             (self.max_predictions_per_seq >= 1, "--max_predictions_per_seq must be >= 1"),
             (self.dupe_factor >= 1, "--dupe_factor must be >= 1"),
             (0.0 < self.masked_lm_prob <= 1.0, "--masked_lm_prob must be in (0, 1]"),
@@ -288,7 +298,11 @@ def _stats_dict(
         "chunks": chunks,
         "instances": totals.instances,
         "instance_tokens": totals.instance_tokens,
-        "nsp": {
+        # Sentence pairs with NSP labels, or single segments [CLS] text [SEP] (no "nsp" below).
+        "next_sentence": options.next_sentence,
+        "nsp": None
+        if not options.next_sentence
+        else {
             "is_next": totals.instances - totals.random_next,
             "random_next": totals.random_next,
             "is_next_fraction": _fraction(totals.instances - totals.random_next, totals.instances),
@@ -377,6 +391,13 @@ def _define_flags() -> None:
         "static: masked records (original format); dynamic: unmasked records "
         "with word_starts, masked by the input pipeline each epoch.",
     )
+    flags.DEFINE_bool(
+        "next_sentence",
+        defaults.next_sentence,
+        "Sentence pairs [CLS] A [SEP] B [SEP] with next-sentence labels (BERT); false: "
+        "single-segment instances [CLS] text [SEP] of contiguous text from one document, "
+        "for pretraining without NSP (--config.objective=mlm or ltr).",
+    )
     flags.DEFINE_enum(
         "corpus",
         None,
@@ -432,6 +453,7 @@ def main(argv: list[str]) -> None:
         num_output_shards=f.num_output_shards,
         num_workers=f.num_workers,
         masking=f.masking,
+        next_sentence=f.next_sentence,
         corpus=f.corpus or "",
         documents_per_chunk=f.documents_per_chunk,
         split_sentences=f.split_sentences,

@@ -20,7 +20,9 @@ before parsing) and then yields exactly the batches the uninterrupted run would 
 Positions are per host: in a multi-host run each process saves its own.
 
 Static mode reads masked records (`records.MASKED`: ours or the original BERT tool's);
-dynamic mode reads unmasked records (`records.UNMASKED`). Either can be packed
+dynamic mode reads unmasked records (`records.UNMASKED`) and makes the targets: masks, or
+with `next_token_targets` (the "ltr" objective, a left-to-right LM) the next token of every
+real position (`next_token_targets`, deterministic, no token masked). Either can be packed
 (`max_instances_per_row`): the (masked) instances of this stream, in its order, are packed
 into batches of as many rows by `data_pipelines.packing`, whose position adds the instances
 of the current batch already packed.
@@ -103,8 +105,14 @@ class PipelineSpec:
     process_count: int
     shuffle_buffer: int
     cycle_length: int
-    masking: masking.MaskingConfig | None  # None: static (pre-masked records)
+    masking: masking.MaskingConfig | None  # None: static (pre-masked records) or next_token
     compression: str | None
+    next_token: bool = False  # unmasked records, next-token targets (the "ltr" objective)
+
+    @property
+    def unmasked(self) -> bool:
+        """Reads unmasked records (dynamic masking or next-token targets)."""
+        return self.masking is not None or self.next_token
 
 
 def initial_position() -> dict[str, int]:
@@ -138,8 +146,49 @@ def _records_of_epoch(spec: PipelineSpec, epoch: tf.Tensor) -> tf.data.Dataset:
     )
 
 
+def next_token_targets(features: dict, max_predictions_per_seq: int) -> dict:
+    """The left-to-right LM's targets for a batch of parsed unmasked records ("ltr").
+
+    Position t predicts token t + 1, for every t whose next token is real: the prediction
+    slots are the T positions themselves, `masked_lm_positions` = 0..T-1, `masked_lm_ids` the
+    input shifted left by one, `masked_lm_weights` 1 where a real next token exists (so
+    [SEP] is predicted, nothing after it). The input is not masked: causal attention
+    (`BertConfig.causal`) keeps each position from seeing its target.
+
+    Args:
+        features: `records.UNMASKED` features, (N, T) each (next_sentence_labels (N, 1)).
+        max_predictions_per_seq: P, which must be T (one slot per position).
+
+    Returns:
+        The features of a masked record (`records.MASKED`), with P = T.
+    """
+    ids, mask = features["input_ids"], features["input_mask"]  # (N, T) int64
+    length = ids.shape[-1]
+    if max_predictions_per_seq != length:
+        raise ValueError(
+            f"next-token targets need max_predictions_per_seq == max_seq_length (one slot per "
+            f"position), got {max_predictions_per_seq} and {length}"
+        )
+    has_next = tf.pad(mask[:, 1:], [[0, 0], [0, 1]]) > 0  # (N, T): position t+1 is real
+    weights = tf.cast(has_next, tf.float32)
+    positions = tf.broadcast_to(tf.range(length, dtype=ids.dtype), tf.shape(ids))
+    zero = tf.zeros_like(ids)
+    return {
+        "input_ids": ids,
+        "input_mask": mask,
+        "segment_ids": features["segment_ids"],
+        "masked_lm_positions": tf.where(has_next, positions, zero),
+        "masked_lm_ids": tf.where(has_next, tf.pad(ids[:, 1:], [[0, 0], [0, 1]]), zero),
+        "masked_lm_weights": weights,
+        "next_sentence_labels": features["next_sentence_labels"],
+    }
+
+
 def _parse_batch(spec: PipelineSpec, serialized: tf.Tensor, epoch, batch_in_epoch) -> dict:
-    if spec.masking is None:
+    if spec.next_token:
+        unmasked = records.parse(serialized, records.UNMASKED, max_seq_length=spec.max_seq_length)
+        features = next_token_targets(unmasked, spec.max_predictions_per_seq)
+    elif spec.masking is None:
         features = records.parse(
             serialized,
             records.MASKED,
@@ -231,7 +280,9 @@ class PretrainingIterator:
             "seed": self.spec.seed,
             "per_host_batch": self.spec.per_host_batch,
             "num_host_files": len(self.spec.files),
-            "dynamic_masking": self.spec.masking is not None,
+            "dynamic_masking": self.spec.unmasked,
+            # Only next-token streams name it: the positions of the others stay as they were.
+            **({"next_token": True} if self.spec.next_token else {}),
         }
 
 
@@ -243,13 +294,16 @@ def _check_position(spec: PipelineSpec, position: dict[str, Any]) -> None:
         "seed": spec.seed,
         "per_host_batch": spec.per_host_batch,
         "num_host_files": len(spec.files),
-        "dynamic_masking": spec.masking is not None,
+        "dynamic_masking": spec.unmasked,
     }
     mismatched = {
         key: (position[key], value)
         for key, value in expected.items()
         if key in position and position[key] != value
     }
+    # A saved position (it names dynamic_masking) without the key is not a next-token one's.
+    if "dynamic_masking" in position and position.get("next_token", False) != spec.next_token:
+        mismatched["next_token"] = (position.get("next_token", False), spec.next_token)
     if mismatched:
         details = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in mismatched.items())
         raise ValueError(f"data position does not belong to this pipeline ({details})")
@@ -260,7 +314,7 @@ def _check_position(spec: PipelineSpec, position: dict[str, Any]) -> None:
 
 def _check_records(spec: PipelineSpec) -> None:
     """Reads at most one batch of records: the schema must match, and a batch must fill."""
-    if spec.masking is None:
+    if not spec.unmasked:
         feature_spec = records.feature_spec(
             records.MASKED, spec.max_seq_length, spec.max_predictions_per_seq
         )
@@ -307,6 +361,7 @@ def make_pretraining_dataset(
     start_position: dict[str, Any] | None = None,
     compression: str | None = None,
     max_instances_per_row: int | None = None,
+    next_token_targets: bool = False,
 ) -> PretrainingIterator | packing.PackedIterator:
     """The training input for this host, as an endless iterator of numpy batches.
 
@@ -320,12 +375,16 @@ def make_pretraining_dataset(
         process_count: hosts; default `jax.process_count()`.
         shuffle_buffer: records in the shuffle buffer.
         cycle_length: files read concurrently (interleaved) per host.
-        dynamic_masking: read unmasked records and mask them here, anew each epoch.
-        masking_config: the masking parameters; required with `dynamic_masking`.
+        dynamic_masking: read unmasked records and make the targets here: masks drawn anew
+            each epoch, or with `next_token_targets` the next tokens.
+        masking_config: the masking parameters; required with `dynamic_masking`, unless
+            `next_token_targets`.
         start_position: a saved `PretrainingIterator.position` to resume from.
         compression: None, "GZIP" or "ZLIB", as the files were written.
         max_instances_per_row: pack up to this many instances into each row (None: one
             instance per row, the records as they are).
+        next_token_targets: a left-to-right LM's targets (`next_token_targets`) instead of
+            masks: needs `dynamic_masking`, no `masking_config`, and P == T.
 
     Returns:
         A `PretrainingIterator` (a `packing.PackedIterator` when packing); save its
@@ -346,7 +405,18 @@ def make_pretraining_dataset(
             f"global_batch_size {global_batch_size} is not a positive multiple of the "
             f"process count {process_count}"
         )
-    if dynamic_masking != (masking_config is not None):
+    if next_token_targets:
+        if not dynamic_masking or masking_config is not None:
+            raise ValueError(
+                "next_token_targets reads unmasked records: give dynamic_masking=True and no "
+                "masking_config"
+            )
+        if max_predictions_per_seq != max_seq_length:
+            raise ValueError(
+                f"next_token_targets needs max_predictions_per_seq == max_seq_length (one "
+                f"slot per position), got {max_predictions_per_seq} and {max_seq_length}"
+            )
+    elif dynamic_masking != (masking_config is not None):
         raise ValueError("give masking_config exactly when dynamic_masking=True")
     if masking_config is not None and (
         masking_config.max_predictions_per_seq != max_predictions_per_seq
@@ -371,6 +441,7 @@ def make_pretraining_dataset(
         cycle_length=cycle_length,
         masking=masking_config,
         compression=compression,
+        next_token=next_token_targets,
     )
     _check_records(spec)
     if max_instances_per_row is None:

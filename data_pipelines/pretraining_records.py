@@ -146,8 +146,10 @@ def _count_masking(
 ) -> None:
     """Adds the observed [MASK] / random / unchanged split of one masked batch."""
     real = weights > 0  # (N, P)
-    # Tokens that could be masked: real tokens minus [CLS] and the two [SEP].
-    counts["eligible_tokens"] += int(batch.lengths.sum()) - 3 * len(batch.lengths)
+    # Tokens that could be masked: real tokens minus [CLS] and the [SEP]s (two in a pair,
+    # one in a single segment, which has no segment-1 token).
+    pairs = int(np.count_nonzero(batch.segment_ids.max(axis=1, initial=0) > 0))
+    counts["eligible_tokens"] += int(batch.lengths.sum()) - 2 * len(batch.lengths) - pairs
     counts["masked_tokens"] += int(real.sum())
     placed = np.take_along_axis(masked_ids, positions, axis=1)  # (N, P)
     is_mask = real & (placed == mask_id)

@@ -3,6 +3,7 @@ masked TFRecords. Each stage is skipped when its outputs exist, so a rerun resum
 
   python -m data_pipelines.recipe --corpora=shakespeare --corpus_dir=workdirs/shakespeare \
       [--records_dir=DIR --max_seq_length=128 --dupe_factor=5 --seed=0 --vocab_size=8000]
+      [--next_sentence=false --masking=dynamic]
 
 `make pretrain-data` (Shakespeare, sequences of 128) and `experiments.demo` (IMDB, 64) run
 it. What it writes:
@@ -12,6 +13,10 @@ it. What it writes:
   <records_dir>/train-*-of-00004.tfrecord   static masking, --dupe_factor passes, seeded by
                             12345 + --seed; eval.tfrecord: one pass, always seed 54321, so
                             every seed is scored on the same held-out records
+The records are sentence pairs for BERT's objective, or with `--next_sentence=false`
+single segments for pretraining without NSP (`--config.objective=mlm`; with
+`--masking=dynamic`, unmasked, for `--config.objective=ltr`): give each kind its own
+--records_dir (a stage whose outputs exist is skipped).
 Each stage runs as `python -m <tool>` with its own progress bar.
 """
 
@@ -101,9 +106,10 @@ def prepare_corpus(corpora: list[str], corpus_dir: str, vocab_size: int) -> str:
 
 def make_records(
     corpus_dir: str, vocab: str, records_dir: str, *, max_seq_length: int, dupe_factor: int,
-    seed: int,
+    seed: int, next_sentence: bool = True, masking: str = "static",
 ) -> None:  # fmt: skip
-    """Masked training records (seeded by `seed`) and the fixed held-out records."""
+    """Training records (seeded by `seed`) and the fixed held-out records: sentence pairs
+    or, without `next_sentence`, single segments; masked, or unmasked with `masking="dynamic"`."""
     os.makedirs(records_dir, exist_ok=True)
     splits = (("train", 4, dupe_factor, 12345 + seed), ("eval", 1, 1, 54321))
     for name, shards, dupe, split_seed in splits:
@@ -118,6 +124,7 @@ def make_records(
             f"--max_seq_length={max_seq_length}",
             f"--max_predictions_per_seq={predictions_per_seq(max_seq_length)}",
             f"--dupe_factor={dupe}", f"--random_seed={split_seed}", "--num_workers=2",
+            f"--next_sentence={str(next_sentence).lower()}", f"--masking={masking}",
         ])  # fmt: skip
         open(marker, "w").close()
 
@@ -131,6 +138,7 @@ def main(argv):
     make_records(
         corpus_dir, vocab, os.path.abspath(FLAGS.records_dir or corpus_dir),
         max_seq_length=FLAGS.max_seq_length, dupe_factor=FLAGS.dupe_factor, seed=FLAGS.seed,
+        next_sentence=FLAGS.next_sentence, masking=FLAGS.masking,
     )  # fmt: skip
 
 
@@ -145,5 +153,13 @@ if __name__ == "__main__":
     flags.DEFINE_integer("max_seq_length", 128, "Sequence length of the records (pieces).")
     flags.DEFINE_integer("dupe_factor", 5, "Masked copies of the training documents.")
     flags.DEFINE_integer("seed", 0, "Changes the training records' masks and pairing.")
+    flags.DEFINE_bool(
+        "next_sentence", True, "Sentence pairs with NSP labels; false: single segments "
+        "[CLS] text [SEP] for --config.objective=mlm or ltr (give them their own --records_dir)."
+    )  # fmt: skip
+    flags.DEFINE_enum(
+        "masking", "static", ["static", "dynamic"],
+        "static: masked records; dynamic: unmasked (dynamic masking, or the ltr objective).",
+    )  # fmt: skip
     flags.mark_flags_as_required(["corpus_dir"])
     cli.run(main)

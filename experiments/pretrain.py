@@ -1,4 +1,5 @@
-r"""Pretrains BERT (MLM + NSP) on a device mesh, with Orbax checkpoints in --workdir.
+r"""Pretrains BERT (MLM + NSP, or the objective `--config.objective` names: see
+bert_jax.train) on a device mesh, with Orbax checkpoints in --workdir.
 
   python -m experiments.pretrain --config=experiments/configs/bert_tiny_cpu.py \
       --workdir=workdirs/tiny [--config.key=value ...]

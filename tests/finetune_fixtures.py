@@ -102,8 +102,9 @@ def write_tf_checkpoint(directory: Path, params: dict) -> Path:
     return directory
 
 
-def write_train_state(workdir: Path, params: dict) -> Path:
-    """A pretraining workdir as `experiments.pretrain` leaves it (state, data, config)."""
+def write_train_state(workdir: Path, params: dict, objective: str | None = None) -> Path:
+    """A pretraining workdir as `experiments.pretrain` leaves it (state, data, config);
+    `objective` is the saved config's `objective` (None: a config older than the key)."""
     import jax.numpy as jnp
 
     tx = optax.adamw(1e-3)
@@ -114,6 +115,8 @@ def write_train_state(workdir: Path, params: dict) -> Path:
                   "max_position_embeddings": 128, "vocab_size": None},
         "data": {"vocab_file": minilm_vocab()},
     }  # fmt: skip
+    if objective is not None:
+        experiment["objective"] = objective
     manager = checkpointing.make_manager(str(workdir / "checkpoints"), async_save=False)
     checkpointing.save(manager, 5, state, [{}], experiment)
     manager.wait_until_finished()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -639,6 +640,69 @@ def test_google_checkpoint_runs_the_original_tanh_gelu(gelu_forms, gelu_batch, t
     assert error <= TOL and gap >= GELU_GAP
 
 
+# --- Causal (left-to-right) models: transformers' is_decoder ---------------------------------
+
+
+def _torch_inputs(batch):
+    return {k: torch.tensor(v, dtype=torch.long) for k, v in batch.items()}
+
+
+def test_a_causal_model_matches_transformers_is_decoder(gelu_batch, tmp_path):
+    """transformers' BertModel(is_decoder=True) imports as causal and runs as we do: every
+    hidden state at the real positions of a padded batch (its pooler reads [CLS], ours the
+    last token: not compared)."""
+    torch.manual_seed(1)
+    theirs = transformers.BertModel(transformers.BertConfig(**TINY, is_decoder=True)).eval()
+    theirs.save_pretrained(tmp_path / "hf")
+    config, params, _ = convert.load_pretrained(tmp_path / "hf", model="encoder")
+    assert config.causal
+    with torch.no_grad():
+        expected = theirs(**_torch_inputs(gelu_batch), output_hidden_states=True).hidden_states
+    inputs = [jnp.asarray(gelu_batch[k]) for k in gelu_batch]
+    ours = BertModel(config).apply({"params": params}, *inputs, output_hidden_states=True)
+    real = gelu_batch["attention_mask"][..., None].astype(bool)
+    assert len(ours.hidden_states) == len(expected) == TINY["num_hidden_layers"] + 1
+    for i, (a, b) in enumerate(zip(ours.hidden_states, expected, strict=True)):
+        diff = float(np.abs(np.where(real, np.asarray(a) - b.numpy(), 0)).max())
+        print(f"causal layer {i}: max |ours - transformers| = {diff:.3g}")
+        assert diff <= TOL, i
+    # The bidirectional encoder with the same weights is a different network.
+    other = BertModel(config.replace(causal=False)).apply({"params": params}, *inputs)
+    gap = np.abs(np.where(real, np.asarray(other.sequence_output) - expected[-1].numpy(), 0))
+    assert float(gap.max()) > 100 * TOL
+
+
+def test_an_ltr_pretraining_model_exports_as_a_bert_lm_head_model(gelu_batch, tmp_path):
+    """The "ltr" objective's model (causal, MLM head, no NSP head, no pooler) is
+    transformers' BertLMHeadModel: no missing or unexpected keys, the same logits."""
+    config = BertConfig(**TINY, causal=True)
+    model = BertForPreTraining(config, next_sentence=False)
+    inputs = [jnp.asarray(gelu_batch[k]) for k in gelu_batch]
+    every_position = jnp.broadcast_to(jnp.arange(inputs[0].shape[1]), inputs[0].shape)
+    params = jax.jit(lambda r: model.init(r, *inputs, every_position)["params"])(jax.random.key(2))
+    params = jax.tree_util.tree_map(np.asarray, nn.meta.unbox(params))
+    assert set(params) == {"bert", "mlm"} and "pooler" not in params["bert"]
+    out = convert.save_hf(tmp_path / "ltr", config, params)
+    saved = json.loads((Path(out) / "config.json").read_text())
+    assert saved["architectures"] == ["BertLMHeadModel"] and saved["is_decoder"] is True
+    theirs, info = transformers.BertLMHeadModel.from_pretrained(
+        out, local_files_only=True, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    with torch.no_grad():
+        expected = theirs.eval()(**_torch_inputs(gelu_batch)).logits.numpy()  # (B, T, V)
+    ours = np.asarray(model.apply({"params": params}, *inputs, every_position).mlm_logits)
+    real = gelu_batch["attention_mask"][..., None].astype(bool)
+    diff = float(np.abs(np.where(real, ours - expected, 0)).max())
+    print(f"BertLMHeadModel logits: max |ours - transformers| = {diff:.3g}")
+    assert diff <= TOL
+    # And it reads back as the same causal model with its LM head (what the CLI's "auto"
+    # loads: MLM head alone -> the pretraining model without NSP, so the head is kept).
+    loaded_config, loaded, _ = convert.load_pretrained(out, model="auto")
+    assert loaded_config == config
+    _array_tree_equal(loaded, params)
+
+
 # --- CLI --------------------------------------------------------------------------------------
 
 
@@ -693,7 +757,6 @@ def test_cli_converts_a_google_checkpoint_to_hf(tiny_hf, tmp_path):
 
 def test_pretraining_checkpoint_exports_to_transformers(tmp_path):
     """A train-state checkpoint (bert_jax.checkpointing) -> HF directory transformers loads."""
-    import flax.linen as nn
     import optax
 
     from bert_jax import checkpointing, train

@@ -310,6 +310,46 @@ def test_dynamic_mode_writes_unmasked_instances_with_word_starts(small_file, tmp
             assert records["word_starts"][row, i] == expected, (row, i, tokens)
 
 
+def test_without_next_sentence_every_document_is_cut_into_single_segments(small_file, tmp_path):
+    """--next_sentence=false: every record is `[CLS] text [SEP]` in segment 0, and with one
+    pass and no short targets the records are exactly each document's tokens cut every
+    max_seq_length - 2: none lost, none across documents. Dynamic mode writes the same
+    instances, unmasked."""
+    import collections
+
+    options = dict(next_sentence=False, short_seq_prob=0.0, documents_per_chunk=8)
+    stats = create_pretraining_data(_options(tmp_path / "static", small_file, **options))
+    assert stats["next_sentence"] is False and stats["nsp"] is None
+    records = _read_records(stats["output_files"])
+    tok = tokenization.load_tokenizer(_minilm_vocab())
+    ids, lengths = _unmasked_ids(records), records["input_mask"].sum(1)
+    assert not records["segment_ids"].any() and not records["next_sentence_labels"].any()
+    texts = []
+    for row, n in enumerate(lengths):
+        assert ids[row, 0] == tok.cls_id and ids[row, n - 1] == tok.sep_id
+        text = ids[row, 1 : n - 1]
+        assert tok.cls_id not in text and tok.sep_id not in text
+        texts.append(tuple(text.tolist()))
+    # The documents as the tool reads them, tokenized here sentence by sentence.
+    target = MAX_SEQ - 2
+    expected = []
+    for document in corpora.read_documents([small_file], corpora.ReadStats()):
+        tokens = [t for ids_ in tok.encode_batch(document.sentences) for t in ids_]
+        expected += [tuple(tokens[i : i + target]) for i in range(0, len(tokens), target)]
+    assert len(expected) > 24  # several instances per document
+    assert collections.Counter(texts) == collections.Counter(expected)
+    assert stats["instances"] == len(texts) and max(lengths) == MAX_SEQ
+    # One [CLS] and one [SEP] per instance are not maskable.
+    assert stats["masking"]["eligible_tokens"] == int(lengths.sum()) - 2 * len(lengths)
+
+    dynamic = create_pretraining_data(
+        _options(tmp_path / "dynamic", small_file, masking="dynamic", **options)
+    )
+    unmasked = _read_records(dynamic["output_files"], dynamic=True)
+    np.testing.assert_array_equal(unmasked["input_ids"], ids)
+    assert not unmasked["segment_ids"].any()
+
+
 def test_command_line_with_the_original_flags(small_file, tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     # absl prints the help to stdout (and exits with status 1, its convention).

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from finetune_fixtures import TINY, minilm_vocab, pretrained_params, write_all
+from finetune_fixtures import TINY, minilm_vocab, pretrained_params, write_all, write_train_state
 
 from bert_jax import finetune_common as common
 from bert_jax import sharding
@@ -59,11 +59,34 @@ def test_encoder_restores_from_every_checkpoint_kind_under_a_fresh_head(
         BertForSequenceClassification(BertConfig(), 3), str(checkpoints[kind])
     )
     assert config.hidden_size == TINY.hidden_size and module.config == config
+    assert not config.causal  # BERT's checkpoints (a workdir without config.objective too)
     assert Path(vocab).read_text() == Path(minilm_vocab()).read_text()
     _equal_trees(params["bert"], reference_params["bert"])  # encoder + pooler, bit for bit
     assert set(params) == {"bert", "classifier"}
     assert params["classifier"]["kernel"].shape == (TINY.hidden_size, 3)
     assert np.std(np.asarray(params["classifier"]["kernel"])) > 0
+
+
+def test_an_ltr_pretraining_workdir_fine_tunes_causal(tmp_path):
+    """A workdir pretrained with config.objective="ltr" restores into a classifier whose
+    config is causal (left-to-right attention, pooled at the last token, as the paper
+    fine-tunes its LTR model); its pooler starts fresh (the ltr model has none)."""
+    from bert_jax.heads import BertForPreTraining
+
+    model = BertForPreTraining(TINY.replace(causal=True), next_sentence=False)
+    ids = np.zeros((1, 4), np.int32)
+    params = jax.jit(lambda r: nn.unbox(model.init(r, ids, ids, ids, ids)["params"]))(
+        jax.random.key(3)
+    )
+    params = jax.tree.map(np.asarray, params)
+    workdir = write_train_state(tmp_path / "ltr", params, objective="ltr")
+    module, config, restored, _ = common.load_model(
+        BertForSequenceClassification(BertConfig(), 2), str(workdir)
+    )
+    assert config.causal and module.config.causal
+    encoder = {k: v for k, v in restored["bert"].items() if k != "pooler"}
+    _equal_trees(encoder, params["bert"])
+    assert "pooler" in restored["bert"]  # fresh: only NSP trains a pooler
 
 
 def test_from_scratch_keeps_the_architecture_but_not_the_weights(checkpoints, reference_params):

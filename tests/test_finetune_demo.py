@@ -40,6 +40,23 @@ def test_corpora_are_joined_with_a_document_break(tmp_path):
     assert [d.sentences for d in documents] == [["a1.", "a2."], ["b1."], ["c1.", "c2."]]
 
 
+def test_the_recipe_passes_the_records_kind_to_create_pretraining_data(tmp_path, monkeypatch):
+    """Sentence pairs by default; single segments, unmasked, for the "ltr" objective."""
+    calls = []
+    monkeypatch.setattr(recipe, "run", lambda stage, args: calls.append(args))
+    common = dict(max_seq_length=64, dupe_factor=1, seed=0)
+    recipe.make_records(str(tmp_path), "vocab.txt", str(tmp_path / "pairs"), **common)
+    recipe.make_records(
+        str(tmp_path), "vocab.txt", str(tmp_path / "ltr"), **common,
+        next_sentence=False, masking="dynamic",
+    )  # fmt: skip
+    assert len(calls) == 4  # train and eval records, twice
+    for args in calls[:2]:
+        assert "--next_sentence=true" in args and "--masking=static" in args
+    for args in calls[2:]:
+        assert "--next_sentence=false" in args and "--masking=dynamic" in args
+
+
 def _pretraining_log(directory: Path) -> None:
     directory.mkdir()
     records = [

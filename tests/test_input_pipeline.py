@@ -350,6 +350,45 @@ def test_dynamic_masking_new_each_epoch_and_reproducible(tmp_path):
     assert {k for k in resumed if k[0] == 2} == {k for k in first if k[0] == 2}
 
 
+def test_next_token_targets_are_the_next_tokens(tmp_path):
+    """The "ltr" objective's stream: unmasked input, and at every position t whose next
+    token is real the target token t + 1 (T slots); it resumes exactly, and refuses masking,
+    P != T and another stream's position."""
+    pattern = _write_dataset(str(tmp_path), 2, 6, dynamic=True)
+    ltr = dict(dynamic_masking=True, next_token_targets=True, max_predictions_per_seq=T)
+    stream = _make(pattern, **ltr)
+    batches = [next(stream) for _ in range(4)]  # an epoch and a third (12 records)
+    for batch in batches:
+        assert {k: (v.shape, v.dtype) for k, v in batch.items()} == records.batch_spec(4, T, T)
+        for row in range(4):
+            uid = int(batch["input_ids"][row, 1])
+            ids = [CLS, uid, 7, 8, SEP, 9, 11, 12, SEP]  # as written: nothing masked
+            n = len(ids)
+            assert batch["input_ids"][row].tolist() == ids + [0] * (T - n)
+            assert batch["masked_lm_ids"][row].tolist() == ids[1:] + [0] * (T - n + 1)
+            assert batch["masked_lm_positions"][row].tolist() == list(range(n - 1)) + [0] * (
+                T - n + 1
+            )
+            assert batch["masked_lm_weights"][row].tolist() == [1] * (n - 1) + [0] * (T - n + 1)
+    # Resuming after two batches gives the third and fourth again.
+    run = _make(pattern, **ltr)
+    next(run), next(run)
+    resumed = _make(pattern, start_position=run.position, **ltr)
+    assert run.position["next_token"] is True
+    for want in batches[2:]:
+        got = next(resumed)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])
+    with pytest.raises(ValueError, match="next_token: saved True, now False"):
+        config = masking.MaskingConfig(VOCAB, MASK, (CLS, SEP), max_predictions_per_seq=T)
+        _make(pattern, dynamic_masking=True, masking_config=config, max_predictions_per_seq=T,
+              start_position=run.position)  # fmt: skip
+    with pytest.raises(ValueError, match="give dynamic_masking=True and no masking_config"):
+        _make(pattern, next_token_targets=True, max_predictions_per_seq=T)
+    with pytest.raises(ValueError, match="max_predictions_per_seq == max_seq_length .* 4 and 16"):
+        _make(pattern, dynamic_masking=True, next_token_targets=True)
+
+
 def test_bad_inputs_give_clear_errors(static_files, tmp_path):
     with pytest.raises(FileNotFoundError, match="matches no file"):
         _make(str(tmp_path / "missing-*.tfrecord"))

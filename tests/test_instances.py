@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from original_bert import original_script
 
-from data_pipelines import ascii_words, corpora, instances, tokenization
+from data_pipelines import ascii_words, corpora, instances, single_segments, tokenization
 
 CLS, SEP = 2, 3
 
@@ -352,6 +352,71 @@ def test_instance_invariants(lengths, max_seq_length, short_seq_prob, dupe_facto
         dupe_factor=dupe_factor,
     )
     assert again == pairs
+
+
+# --- Single segments (no NSP) -------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    lengths=_documents,
+    max_seq_length=st.integers(4, 48),
+    short_seq_prob=st.sampled_from([0.0, 0.1, 1.0]),
+    dupe_factor=st.integers(1, 3),
+    seed=st.integers(0, 2**32),
+)
+def test_single_segment_invariants(lengths, max_seq_length, short_seq_prob, dupe_factor, seed):
+    """`[CLS] text [SEP]` in segment 0, never across documents, every token in every pass."""
+    documents, next_id = [], 1000  # token i of the chunk has id 1000 + i, as above
+    for doc in lengths:
+        starts = next_id + np.cumsum([0, *doc[:-1]])
+        documents.append(
+            [list(range(start, start + n)) for start, n in zip(starts, doc, strict=True)]
+        )
+        next_id += sum(doc)
+    doc_of = {t: d for d, doc in enumerate(documents) for s in doc for t in s}
+    chunk = instances.chunk_from_token_lists(documents)
+    stats = instances.InstanceStats()
+    pieces = single_segments.create_chunk_instances(
+        chunk.documents,
+        random.Random(seed),
+        max_seq_length=max_seq_length,
+        short_seq_prob=short_seq_prob,
+        dupe_factor=dupe_factor,
+        stats=stats,
+    )
+    batch = single_segments.assemble(chunk, pieces, max_seq_length, cls_id=CLS, sep_id=SEP)
+    assert stats.instances == len(batch) and stats.random_next == 0
+    assert stats.instance_tokens == int(batch.lengths.sum())
+    texts = []
+    for ids, segments, word_starts, label in _rows(batch):
+        n = len(ids)
+        assert 3 <= n <= max_seq_length and label == 0
+        assert ids[0] == CLS and ids[-1] == SEP and CLS not in ids[1:] and SEP not in ids[:-1]
+        assert segments == [0] * n
+        text = ids[1:-1]
+        # A run of consecutive tokens of one document (ids say where they came from).
+        assert text == list(range(text[0], text[0] + len(text)))
+        assert len({doc_of[t] for t in text}) == 1
+        assert word_starts[0] == word_starts[-1] == 0 and word_starts[1] == 1
+        texts.append(text)
+    # Every token of every document, once per pass.
+    every_token = sorted(t for doc in documents for s in doc for t in s)
+    assert sorted(t for text in texts for t in text) == sorted(every_token * dupe_factor)
+    for r in range(len(batch)):  # padding is all zeros
+        assert not batch.input_ids[r, batch.lengths[r] :].any()
+
+
+def test_single_segments_fill_the_target_and_cut_at_its_multiples():
+    """Without short targets a document is cut every max_seq_length - 2 tokens, across
+    sentence boundaries; only its last instance is shorter."""
+    document = [(0, 5), (5, 9), (14, 2), (16, 7)]  # 23 tokens in four sentences
+    pieces = single_segments.create_instances_from_document(document, 10, 0.0, random.Random(0))
+    assert pieces == [[(0, 5), (5, 3)], [(8, 6), (14, 2)], [(16, 7)]]
+    # A short target (drawn once per document) cuts the whole document at its multiples.
+    rng = ScriptedRandom([("random", 0.0), ("randint", 2, 8, 4)])
+    pieces = single_segments.create_instances_from_document(document, 10, 0.5, rng)
+    assert [sum(n for _, n in piece) for piece in pieces] == [4, 4, 4, 4, 4, 3]
 
 
 def test_chunk_rng_is_seeded_per_chunk():

@@ -425,3 +425,146 @@ def test_hf_config_round_trip_through_transformers(tmp_path, hidden_act, hf_name
     out = tmp_path / "theirs"
     theirs.save_pretrained(str(out))
     assert BertConfig.from_json_file(out / "config.json") == config
+
+
+# --- Causal (left-to-right) attention ---------------------------------------------------------
+
+CAUSAL = NO_ATTENTION_DROPOUT.replace(causal=True)
+
+
+def test_causal_mask_is_lower_triangular_and_padding():
+    from bert_jax.model import attention_mask
+
+    input_mask = jnp.asarray([[1, 1, 1, 1], [1, 1, 0, 0]])
+    mask = np.asarray(attention_mask(input_mask, causal=True))
+    assert mask.shape == (2, 1, 4, 4)
+    lower = np.tril(np.ones((4, 4), bool))
+    np.testing.assert_array_equal(mask[0, 0], lower)
+    # Row 1: query t attends keys s <= t among the two real ones.
+    np.testing.assert_array_equal(mask[1, 0], lower & (np.arange(4) < 2)[None, :])
+    # Without `causal`, every query attends every real key (the encoder's mask).
+    np.testing.assert_array_equal(
+        np.asarray(attention_mask(input_mask))[:, 0, 0], np.asarray(input_mask, bool)
+    )
+
+
+def test_packed_causal_mask_is_block_diagonal_and_lower_triangular():
+    from bert_jax.model import attention_mask
+
+    instance_ids = jnp.asarray([[1, 1, 2, 2, 2, 0]])
+    mask = np.asarray(attention_mask(instance_ids > 0, instance_ids, causal=True))[0, 0]
+    expected = np.zeros((6, 6), bool)
+    for block in (slice(0, 2), slice(2, 5)):
+        n = block.stop - block.start
+        expected[block, block] = np.tril(np.ones((n, n), bool))
+    np.testing.assert_array_equal(mask, expected)
+
+
+@pytest.mark.parametrize("implementation", ["einsum", "xla"])
+def test_a_changed_future_token_leaves_earlier_positions_unchanged(implementation):
+    """The causal property through the whole model (embeddings, every layer, MLM head)."""
+    ids, mask, types, _ = _inputs()
+    config = CAUSAL.replace(attention_implementation=implementation)
+    every_position = jnp.broadcast_to(jnp.arange(T), (B, T))
+    model = BertForPreTraining(config, next_sentence=False)
+    params = _init(model, ids, mask, types, every_position)
+    k = 5  # the changed position (real in rows 0 and 1)
+    changed = ids.at[:, k].set((ids[:, k] + 1) % TINY.vocab_size)
+
+    def run(module, ids):
+        out = _apply(module, params, ids, mask, types, every_position)
+        seq = _apply(module, params, ids, mask, types, method=BertForPreTraining.encode)
+        return np.asarray(out.mlm_logits), np.asarray(seq.sequence_output)
+
+    for before, after in zip(run(model, ids), run(model, changed), strict=True):
+        np.testing.assert_array_equal(before[:2, :k], after[:2, :k])
+        assert np.abs(before[:2, k:7] - after[:2, k:7]).min(axis=-1).max() > 0  # it is used
+    # The same change reaches every position of a bidirectional model (the test can fail).
+    bidirectional = BertForPreTraining(config.replace(causal=False), next_sentence=False)
+    before, after = run(bidirectional, ids)[1], run(bidirectional, changed)[1]
+    assert np.abs(before[:2, :k] - after[:2, :k]).max() > 1e-3
+
+
+def test_a_causal_model_pools_its_last_real_token():
+    ids, mask, types, _ = _inputs()
+    model = BertModel(CAUSAL)
+    params = _init(model, ids, mask, types)
+    out = _apply(model, params, ids, mask, types)
+    last = np.asarray(mask).sum(1) - 1  # rows are padded at the end
+    states = np.asarray(out.sequence_output)[np.arange(B), last]  # (B, H)
+    kernel, bias = np.asarray(params["pooler"]["kernel"]), np.asarray(params["pooler"]["bias"])
+    np.testing.assert_allclose(out.pooled_output, np.tanh(states @ kernel + bias), atol=1e-6)
+    # A bidirectional model with the same weights pools [CLS] (position 0).
+    cls = np.asarray(_apply(BertModel(TINY), params, ids, mask, types).sequence_output)[:, 0]
+    np.testing.assert_allclose(
+        _apply(BertModel(TINY), params, ids, mask, types).pooled_output,
+        np.tanh(cls @ kernel + bias),
+        atol=1e-6,
+    )
+
+
+@pytest.mark.parametrize("implementation", ["einsum", "xla"])
+def test_packed_causal_rows_equal_their_instances_alone(implementation):
+    """Causal AND block-diagonal: each instance of a packed row has the states and pooled
+    output it has alone (pooled at its own last token)."""
+    config = CAUSAL.replace(attention_implementation=implementation)
+    rng = np.random.default_rng(2)
+    lengths = [4, 5, 2]  # three instances in one row of T=11
+    alone = [rng.integers(1, TINY.vocab_size, n).astype(np.int32) for n in lengths]
+    packed_ids = np.concatenate(alone)[None]  # (1, 11)
+    instance_ids = np.repeat(np.arange(1, 4), lengths)[None]
+    position_ids = np.concatenate([np.arange(n) for n in lengths])[None]
+    cls_positions = np.cumsum([0, *lengths[:-1]])[None]
+    model = BertModel(config)
+    ones = jnp.ones_like(packed_ids)
+    params = _init(model, packed_ids, ones, 0 * ones)
+    out = _apply(
+        model,
+        params,
+        jnp.asarray(packed_ids),
+        ones,
+        0 * ones,
+        position_ids=jnp.asarray(position_ids),
+        instance_ids=jnp.asarray(instance_ids),
+        cls_positions=jnp.asarray(cls_positions),
+    )
+    assert out.pooled_output.shape == (1, 3, TINY.hidden_size)
+    for i, ids in enumerate(alone):
+        single = _apply(model, params, jnp.asarray(ids[None]))
+        start = int(cls_positions[0, i])
+        np.testing.assert_allclose(
+            out.sequence_output[0, start : start + len(ids)],
+            single.sequence_output[0],
+            atol=1e-5,
+            rtol=1e-5,
+        )
+        np.testing.assert_allclose(
+            out.pooled_output[0, i], single.pooled_output[0], atol=1e-5, rtol=1e-5
+        )
+
+
+def test_causal_config_json_round_trips(tmp_path):
+    config = BertConfig.from_preset("mini", vocab_size=1000, causal=True)
+    path = tmp_path / "config.json"
+    config.write_json(path, flavour="hf")
+    assert json.loads(path.read_text())["is_decoder"] is True
+    assert BertConfig.from_json_file(path) == config
+    # An encoder's config.json is unchanged by the field: no is_decoder key at all.
+    config.replace(causal=False).write_json(path, flavour="hf")
+    assert "is_decoder" not in json.loads(path.read_text())
+    # Google's bert_config.json has no such field: a causal model is refused, by name.
+    with pytest.raises(ConfigError, match="causal .* has no Google bert_config.json"):
+        config.write_json(tmp_path / "bert_config.json", flavour="google")
+    with pytest.raises(ConfigError, match="causal must be True or False, got 'yes'"):
+        BertConfig(causal="yes")
+
+
+def test_the_objective_alone_makes_an_experiment_model_causal():
+    model = {"preset": "tiny", "vocab_size": None}
+    assert not BertConfig.from_experiment(model).causal
+    assert not BertConfig.from_experiment(model, objective="mlm").causal
+    assert BertConfig.from_experiment(model, objective="ltr").causal
+    with pytest.raises(ConfigError, match=r"config.objective must be one of .*'nsp'"):
+        BertConfig.from_experiment(model, objective="nsp")
+    with pytest.raises(ConfigError, match="model.causal=True contradicts config.objective='mlm'"):
+        BertConfig.from_experiment({**model, "causal": True}, objective="mlm")

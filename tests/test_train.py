@@ -1,6 +1,7 @@
 """Optimizer faithfulness and sharded training trajectories (8 fake CPU devices)."""
 
 import functools
+import json
 
 import flax.linen as nn
 import jax
@@ -13,6 +14,7 @@ import synthetic_pretraining as synth
 from jax.sharding import PartitionSpec as P
 
 from bert_jax import optim, sharding, train
+from bert_jax.config import ConfigError
 from bert_jax.heads import BertForPreTraining
 from bert_jax.train_state import PRNG_IMPLS, run_keys, sharded_state
 from experiments.configs import bert_tiny_cpu
@@ -300,3 +302,138 @@ def test_prng_impls_draw_different_dropout_masks():
     for i, a in enumerate(PRNG_IMPLS):
         for b in PRNG_IMPLS[i + 1 :]:
             assert not np.allclose(outputs[a], outputs[b]), (a, b)
+
+
+# --- pretraining objectives (config.objective) ------------------------------------------------
+
+
+def _objective_run(objective: str, **data):
+    """train.setup of bert_tiny_cpu.py with `objective` (1 layer, the synthetic ids' vocab) on
+    one device, a fresh state and a fast-warming optimizer."""
+    config = bert_tiny_cpu.get_config()
+    config.objective = objective
+    config.model.num_hidden_layers = 1
+    config.data.max_seq_length = synth.SEQ_LEN
+    config.data.update(data)
+    config.optimizer.update(warmup_steps=1, learning_rate=5e-3)
+    mesh = sharding.create_mesh((1, 1, 1), jax.devices()[:1])
+    run = train.setup(config, mesh, vocab_size=3072)  # synthetic ids are < 3000
+    state, _ = sharded_state(run.model, run.tx, mesh, run.inputs, rng=jax.random.key(0))
+    return run, state, mesh
+
+
+def _steps(run, state, mesh, batch, count=4) -> list[float]:
+    losses = []
+    for _ in range(count):
+        state, metrics = run.train_step(state, sharding.global_batch(batch, mesh), run_keys(0)[1])
+        losses.append(float(metrics["loss"]))
+    return losses
+
+
+def test_the_mlm_objective_has_no_nsp_and_its_loss_is_the_mlm_loss():
+    from bert_jax.losses import weighted_cross_entropy
+
+    run, state, mesh = _objective_run("mlm", max_predictions_per_seq=synth.PREDICTIONS)
+    assert not run.model.next_sentence and not run.model_config.causal
+    params = state.params
+    assert set(params) == {"bert", "mlm"} and "pooler" not in params["bert"]
+    batch = synth.random_batch(8, seed=0)
+    metrics = run.eval_step(params, sharding.global_batch(batch, mesh))
+    assert set(metrics) == {"loss", "mlm_loss", "mlm_accuracy"}
+    logits = run.model.apply({"params": params}, *train.init_inputs(batch)).mlm_logits  # (B, P, V)
+    assert logits.shape == (8, synth.PREDICTIONS, 3072)
+    expected, _ = weighted_cross_entropy(logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
+    np.testing.assert_allclose(float(metrics["loss"]), float(expected), rtol=1e-6)
+    losses = _steps(run, state, mesh, batch)
+    assert losses[-1] < losses[0], losses
+
+
+def _ltr_batch(batch_size: int, seed: int) -> dict[str, np.ndarray]:
+    """Synthetic single-segment instances, unmasked, with the input pipeline's next-token
+    targets (P = T)."""
+    import tensorflow as tf
+
+    from data_pipelines.input_pipeline import next_token_targets
+
+    batch = synth.random_batch(batch_size, seed)
+    ids = batch["input_ids"].copy()  # put the masked tokens back
+    rows = np.arange(batch_size)[:, None]
+    ids[rows, batch["masked_lm_positions"]] = batch["masked_lm_ids"]
+    unmasked = {
+        "input_ids": ids,
+        "input_mask": batch["input_mask"],
+        "segment_ids": np.zeros_like(ids),
+        "next_sentence_labels": np.zeros((batch_size, 1), np.int32),
+    }
+    features = next_token_targets({k: tf.constant(v) for k, v in unmasked.items()}, synth.SEQ_LEN)
+    out = {k: v.numpy() for k, v in features.items()}
+    out["next_sentence_labels"] = out["next_sentence_labels"][:, 0]
+    return out
+
+
+def test_the_ltr_loss_is_the_mean_next_token_cross_entropy():
+    run, state, mesh = _objective_run(
+        "ltr", dynamic_masking=True, max_predictions_per_seq=synth.SEQ_LEN
+    )
+    assert run.model_config.causal and not run.model.next_sentence
+    assert set(state.params) == {"bert", "mlm"}
+    batch = _ltr_batch(8, seed=1)
+    metrics = run.eval_step(state.params, sharding.global_batch(batch, mesh))
+    assert set(metrics) == {"loss", "mlm_loss", "mlm_accuracy"}
+    # The logits of every position, and the mean next-token cross-entropy written out in
+    # float64 numpy over every real position that has a real next token.
+    every = np.broadcast_to(np.arange(synth.SEQ_LEN), batch["input_ids"].shape)
+    inputs = [batch[k] for k in ("input_ids", "input_mask", "segment_ids")]
+    logits = np.asarray(run.model.apply({"params": state.params}, *inputs, every).mlm_logits)
+    logits = logits.astype(np.float64)  # (B, T, V)
+    losses = []
+    for row, n in enumerate(batch["input_mask"].sum(1)):
+        ids = batch["input_ids"][row]
+        for t in range(n - 1):
+            log_z = np.log(np.exp(logits[row, t] - logits[row, t].max()).sum())
+            losses.append(log_z + logits[row, t].max() - logits[row, t, ids[t + 1]])
+    assert len(losses) == int(batch["input_mask"].sum()) - 8
+    np.testing.assert_allclose(float(metrics["loss"]), np.mean(losses), rtol=1e-5)
+    losses = _steps(run, state, mesh, batch)
+    assert losses[-1] < losses[0], losses
+
+
+def test_objective_combinations_that_cannot_work_name_their_keys():
+    config = bert_tiny_cpu.get_config()
+    config.objective = "nsp"
+    with pytest.raises(ConfigError, match=r"config.objective must be one of .*got 'nsp'"):
+        train.check_objective(config)
+    config.objective = "ltr"
+    with pytest.raises(ConfigError, match="set config.data.dynamic_masking=True"):
+        train.check_objective(config)  # static (masked) records
+    config.data.dynamic_masking = True
+    with pytest.raises(ConfigError, match="max_predictions_per_seq must equal .* got 20"):
+        train.check_objective(config)
+    config.data.max_predictions_per_seq = config.data.max_seq_length
+    train.check_objective(config)
+    assert train.model_config(config).causal
+    config.objective = "mlm_nsp"  # the default, and what a config without the key gets
+    del config["objective"]
+    assert train.objective(config) == "mlm_nsp" and not train.model_config(config).causal
+
+
+def test_nsp_on_single_segment_records_is_refused_by_their_stats_json(tmp_path, caplog):
+    config = bert_tiny_cpu.get_config()
+    config.data.train_files = str(tmp_path / "train-*.tfrecord")
+    (tmp_path / "train-0.tfrecord").write_bytes(b"")
+    (tmp_path / "train-1.tfrecord").write_bytes(b"")
+    train.check_records_kind(config)  # no stats JSON: nothing to go by
+    stats = tmp_path / "train-0.tfrecord.stats.json"
+    stats.write_text(json.dumps({"instances": 3}))  # older stats: sentence pairs
+    train.check_records_kind(config)
+    stats.write_text(json.dumps({"next_sentence": False}))
+    with pytest.raises(
+        ConfigError, match="train-0.tfrecord holds single segments .*objective='mlm'"
+    ):
+        train.check_records_kind(config)
+    config.objective = "mlm"
+    train.check_records_kind(config)
+    stats.write_text(json.dumps({"next_sentence": True}))
+    with caplog.at_level("WARNING"):
+        train.check_records_kind(config)
+    assert "config.objective='mlm' on sentence-pair records" in caplog.text

@@ -27,8 +27,10 @@ from bert_jax.convert.readers import check_vocab, writing_dir
 log = logging.getLogger(__name__)
 
 
-def _hf_architecture(params: Params) -> str:
+def _hf_architecture(params: Params, causal: bool = False) -> str:
     heads = frozenset(params) - {"bert"} if "bert" in params else frozenset()
+    if causal and heads == {"mlm"}:  # the "ltr" objective's model: a left-to-right LM
+        return "BertLMHeadModel"
     if heads == {"classifier"}:
         pooled = "pooler" in params["bert"]
         return "BertForSequenceClassification" if pooled else "BertForTokenClassification"
@@ -47,7 +49,7 @@ def _hf_architecture(params: Params) -> str:
 def to_hf_state_dict(config: BertConfig, params: Mapping) -> tuple[dict[str, np.ndarray], str]:
     """Our params (either layout) -> (HF state dict in float32, transformers class name)."""
     params = with_layout(as_numpy(params), scan_layers=False, num_layers=config.num_hidden_layers)
-    arch = _hf_architecture(params)
+    arch = _hf_architecture(params, config.causal)
     enc = params.get("bert", params)
     prefix = "bert." if "bert" in params else ""
     parts = [(prefix, enc, spec) for spec in encoder_specs(config.num_hidden_layers)]
@@ -94,7 +96,8 @@ def save_hf(
 
     `transformers.BertForPreTraining.from_pretrained(output_dir)` loads it when `params`
     has MLM and NSP heads; an encoder alone is a BertModel, a fine-tuned head the
-    matching BertFor* class (named in config.json's `architectures`).
+    matching BertFor* class (named in config.json's `architectures`); a causal model with
+    an MLM head alone (the "ltr" objective) a `BertLMHeadModel`.
     """
     from safetensors.numpy import save_file
 

@@ -136,7 +136,8 @@ def load_pretrained(
         layout (one `layers` subtree stacked on axis 0, or `layer_N`), its `param_dtype`
         the dtype. A config that disagrees with the tensors raises ConversionError.
       model: "pretraining" (BertForPreTraining), "encoder" (BertModel), "auto" (pretraining
-        if the source has both MLM and NSP heads, else encoder), or a module from
+        if the source has both MLM and NSP heads, pretraining without NSP (the "mlm" and "ltr"
+        objectives' model) if it has the MLM head alone, else encoder), or a module from
         `bert_jax.heads` whose encoder is called `bert` (its config is replaced).
       rng: PRNG key for the heads the source lacks (default `jax.random.key(0)`).
       config_file: a config that replaces the one beside the checkpoint (for a TF
@@ -155,8 +156,11 @@ def load_pretrained(
         config = source.config
     check_vocab(source.vocab_file, config)
     if model == "auto":
-        heads = all(any(source.has(s) for s in HEAD_SPECS[h]) for h in ("mlm", "nsp"))
-        model = "pretraining" if heads else "encoder"
+        mlm, nsp = (any(source.has(s) for s in HEAD_SPECS[h]) for h in ("mlm", "nsp"))
+        if mlm and not nsp:
+            model = BertForPreTraining(config, next_sentence=False)
+        else:
+            model = "pretraining" if mlm and nsp else "encoder"
     looped = config.replace(scan_layers=False)
     params = _fill(source, _module_for(model, looped), looped, rng)
     if config.scan_layers:

@@ -210,8 +210,9 @@ def _ours_source(
 def _train_state_source(path: str) -> Source:
     """The params of a `bert_jax.checkpointing` train state (never its optimizer state).
 
-    The config is the one the experiment config saved beside the state describes; a
-    vocab_size left to the vocab file is read off the embedding table.
+    The config is the one the experiment config saved beside the state describes (its
+    `objective` too: an "ltr" run's model is causal, and fine-tunes causal); a vocab_size
+    left to the vocab file is read off the embedding table.
     """
     from bert_jax import checkpointing
 
@@ -221,7 +222,8 @@ def _train_state_source(path: str) -> Source:
     if "preset" not in model:
         raise ConversionError(f"{directory}: no model.preset in the saved experiment config")
     table = params.get("bert", params)["embeddings"]["word_embeddings"]["embedding"]
-    config = BertConfig.from_experiment(model, vocab_size=table.shape[0])
+    objective = experiment.get("objective") or "mlm_nsp"  # configs older than the key
+    config = BertConfig.from_experiment(model, vocab_size=table.shape[0], objective=objective)
     vocab_file = (experiment.get("data") or {}).get("vocab_file")
     if not (vocab_file and vocab_file.endswith(".txt") and os.path.exists(vocab_file)):
         vocab_file = None

@@ -23,6 +23,12 @@ Launch (phase 2 restores from phase 1's checkpoints; see `resume_from`):
 
 Cloud TPU reproductions of this recipe: `bert_base_paper.py` (v3:4x4) and the
 BERT-Large files next to it.
+
+The paper's Table 5 ablations are `--config.objective=mlm` ("No NSP": records made with
+`--next_sentence=false`) and `--config.objective=ltr` ("LTR & No NSP", causal attention:
+unmasked records, `--next_sentence=false --masking=dynamic`, with
+`--config.data.dynamic_masking=True --config.data.max_predictions_per_seq=128`); see
+`bert_tiny_cpu.py` and `bert_jax.train`.
 """
 
 import ml_collections
@@ -44,6 +50,8 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     # The PRNG of the dropout masks (bert_jax.train_state.PRNG_IMPLS): "threefry2x32", or
     # "rbg" / "unsafe_rbg", cheaper on TPU and GPU. The initialisation is threefry in all.
     config.prng_impl = "threefry2x32"
+    # "mlm_nsp": masked LM + next sentence prediction, the paper's (bert_jax.config.OBJECTIVES)
+    config.objective = "mlm_nsp"
 
     config.model = ml_collections.ConfigDict()
     config.model.preset = "base"  # L12/H768/A12 (bert_jax.config.PRESETS)

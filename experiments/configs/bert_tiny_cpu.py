@@ -9,6 +9,16 @@ r"""The embedded default: BERT-tiny (L2/H128/A2) pretrained on Shakespeare, on a
   python -m data_pipelines.create_pretraining_data ... (see the Makefile)
   python -m experiments.pretrain --config=experiments/configs/bert_tiny_cpu.py \
       --workdir=workdirs/tiny
+
+The pretraining objective (the paper's Table 5 rows) is `--config.objective`, each on the
+records its data creation makes (`data_pipelines.recipe` passes the same flags through):
+
+  mlm_nsp  masked LM + next sentence prediction (BERT, the default): the records above
+  mlm      "No NSP": masked LM alone, no NSP head; single-segment records `[CLS] text [SEP]`
+           (create_pretraining_data --next_sentence=false)
+  ltr      "LTR & No NSP": a left-to-right LM with causal attention (kept at fine-tuning);
+           unmasked single-segment records (--next_sentence=false --masking=dynamic) and
+           --config.data.dynamic_masking=True --config.data.max_predictions_per_seq=128
 """
 
 import ml_collections
@@ -21,6 +31,8 @@ def get_config() -> ml_collections.ConfigDict:
     # The PRNG of the dropout masks (bert_jax.train_state.PRNG_IMPLS): "threefry2x32", or
     # "rbg" / "unsafe_rbg", cheaper on TPU and GPU. The initialisation is threefry in all.
     config.prng_impl = "threefry2x32"
+    # "mlm_nsp" (BERT), "mlm" (no NSP) or "ltr" (left-to-right, causal): see the docstring.
+    config.objective = "mlm_nsp"
 
     config.model = ml_collections.ConfigDict()
     config.model.preset = "tiny"  # L2/H128/A2 (bert_jax.config.PRESETS)
