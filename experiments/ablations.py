@@ -317,13 +317,6 @@ def features_table(opts, workdir: str) -> tuple[str, dict]:
     from experiments.configs import feature_based_tweet_ner, finetune_minilm_tweet_ner
 
     results = {}
-    out = os.path.join(workdir, "finetune")
-    metrics = read_json(os.path.join(out, "metrics.json"))
-    if metrics is None:
-        config = finetune_minilm_tweet_ner.get_config()
-        config.seed = opts.seed
-        metrics = finetune_tagging.finetune(config, out)
-    results["finetune"] = metrics["final"]
     for combination in opts.combinations:
         out = os.path.join(workdir, combination)
         metrics = read_json(os.path.join(out, "metrics.json"))
@@ -332,6 +325,14 @@ def features_table(opts, workdir: str) -> tuple[str, dict]:
             config.layers, config.seed = combination, opts.seed
             metrics = feature_based_tagging.finetune(config, out)
         results[combination] = metrics["final"]
+    out = os.path.join(workdir, "finetune")
+    metrics = read_json(os.path.join(out, "metrics.json"))
+    if metrics is None:
+        config = finetune_minilm_tweet_ner.get_config()
+        config.seed = opts.seed
+        metrics = finetune_tagging.finetune(config, out)
+    results["finetune"] = metrics["final"]
+    results = {"finetune": results.pop("finetune"), **results}  # the reference row first
     return format_features(results), results
 
 
