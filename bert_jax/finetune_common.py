@@ -163,12 +163,15 @@ def setup(
     predict_step,
     input_keys: tuple[str, ...],
     what: str = "training examples",
+    sample_inputs: tuple | None = None,
 ) -> Setup:
     """The mesh, the original recipe's optimizer over `config.num_epochs` epochs of
     `num_train` examples, the sharded state and the jitted steps of a fine-tuning config.
 
     `train_loss(params, batch, dropout_rng)` is the task's loss (`make_step` adds the
     update); `predict_step(params, inputs)` its forward pass. `params` are copied.
+    `sample_inputs` are positional inputs of `model` for one example (default: the three
+    (1, max_seq_length) token arrays of a `bert_jax.heads` model).
     """
     mesh = sharding.create_mesh(config.mesh_shape)
     check_batch_size(config.train_batch_size, mesh, "train_batch_size")
@@ -181,7 +184,7 @@ def setup(
         config.learning_rate, num_steps, warmup_proportion=config.warmup_proportion,
         weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
     )  # fmt: skip
-    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
+    sample = sample_inputs or [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
     state, shardings = sharded_state(model, tx, mesh, sample, params=params)
     data = sharding.batch_sharding(mesh)
     train_step = jax.jit(
@@ -295,6 +298,7 @@ def train_epoch(
     step_args: tuple = (),
     desc: str | None = None,
     show_progress: bool = True,
+    take_fn=None,
 ) -> tuple[TrainState, float]:
     """Trains one epoch over `arrays`; returns (state, the epoch's mean train loss).
 
@@ -311,7 +315,10 @@ def train_epoch(
         arrays: the training features by name, `(N, ...)` each, `input_mask` among them.
         config: `train_batch_size seed max_seq_length num_epochs log_every`.
         desc: the progress bar's label (default `epoch E/N`).
+        take_fn: `(arrays, indices, length) -> host batch` (default `take`): a task whose
+            inputs are not all (N, ..., T) arrays adds them here (e.g. cached features).
     """
+    take_fn = take_fn or take
     lengths = sequence_lengths(arrays["input_mask"])
     per_epoch = steps_per_epoch(len(lengths), config.train_batch_size)
     num_steps = per_epoch * config.num_epochs
@@ -322,7 +329,7 @@ def train_epoch(
     progress = tqdm(batches, desc=desc, disable=not show_progress)
     for indices in progress:
         length = pad_length(lengths[indices], config.max_seq_length)
-        batch = sharding.global_batch(take(arrays, indices, length), mesh)
+        batch = sharding.global_batch(take_fn(arrays, indices, length), mesh)
         state, metrics = step_fn(state, batch, rng, *step_args)
         history.append(metrics)
         step = int(state.step)

@@ -39,7 +39,7 @@ from bert_jax.heads import BertForTokenClassification
 from data_pipelines import cli
 from data_pipelines.tasks.conll import write_conll
 from data_pipelines.tasks.tagging_features import TaggingFeatures, decode, encode_tagged
-from data_pipelines.tasks.tagging_tasks import load_tagging_task
+from data_pipelines.tasks.tagging_tasks import TaggingTask, load_tagging_task
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 
@@ -66,42 +66,131 @@ def predict_step(params, batch, *, model):
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)  # (B, T)
 
 
-def predict(predict_fn, params, features: TaggingFeatures, batch_size: int, mesh, desc: str):
-    """(N, T) predicted tag ids (batched by length, padding cut)."""
-    arrays = {k: getattr(features, k) for k in INPUT_KEYS}
-    lengths = features.input_mask.sum(1)
-    max_length = features.input_ids.shape[1]
-    out = np.zeros_like(features.input_ids)
+def predict(predict_fn, params, arrays: dict[str, np.ndarray], batch_size: int, mesh,
+            desc: str, take_fn=None) -> np.ndarray:  # fmt: skip
+    """(N, T) predicted tag ids, batched by length with the padding cut.
+
+    Args:
+        predict_fn: the jitted `(params, batch) -> (B, T) tag ids`.
+        arrays: the model's inputs by name, (N, ...) each, `input_mask` (N, T) among them.
+        take_fn: `(arrays, indices, length) -> host batch` (default `common.take`).
+    """
+    take_fn = take_fn or common.take
+    lengths = arrays["input_mask"].sum(1)
+    max_length = arrays["input_mask"].shape[1]
+    out = np.zeros(arrays["input_mask"].shape, np.int32)
     batches = common.eval_batches(lengths, batch_size)
-    total = common.num_batches(len(features), batch_size)
+    total = common.num_batches(len(lengths), batch_size)
     for indices, real in tqdm(batches, total=total, desc=desc, leave=False):
         length = common.pad_length(lengths[indices], max_length)
-        batch = common.take(arrays, indices, length)
+        batch = take_fn(arrays, indices, length)
         predicted = np.asarray(predict_fn(params, sharding.global_batch(batch, mesh)))
         out[indices[:real], :length] = predicted[:real]
     return out
 
 
-def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Runs the whole fine-tuning described by `config`; returns what metrics.json holds."""
-    start_time = time.time()
-    os.makedirs(workdir, exist_ok=True)
+def load_task(config: ml_collections.ConfigDict) -> TaggingTask:
+    """The config's tagging task, its training split cut to `max_train_examples`."""
     task = load_tagging_task(
         config.task, train_file=config.train_file, dev_file=config.dev_file,
         test_file=config.test_file, tag_column=config.tag_column,
     )  # fmt: skip
     if config.max_train_examples:
         task.splits["train"] = task.splits["train"][: config.max_train_examples]
+    return task
+
+
+def encode_splits(task: TaggingTask, tokenizer, max_seq_length: int) -> dict[str, TaggingFeatures]:
+    return {
+        split: encode_tagged(
+            examples, tokenizer, max_seq_length, task.tags, name=f"{task.name} {split}"
+        )  # fmt: skip
+        for split, examples in task.splits.items()
+    }
+
+
+def score(task: TaggingTask, split: str, features: TaggingFeatures, predicted: np.ndarray):
+    """(entity scores, predicted tags per word) of (N, T) tag ids: each word's tag is the one
+    at its first piece (`decode`), scored against the gold tags by `scoring.entity_scores`."""
+    tags = decode(features, predicted, task.tags)
+    gold = [list(e.tags) for e in task.splits[split]]
+    return scoring.entity_scores(gold, tags), tags
+
+
+def describe(task: TaggingTask, features: dict[str, TaggingFeatures], config) -> dict:
+    """What metrics.json says of the data."""
+    return {
+        "task": task.name,
+        "init_from": config.init_from,
+        "tags": list(task.tags),
+        "num_examples": {s: len(f) for s, f in features.items()},
+        "num_truncated": {s: f.num_truncated for s, f in features.items()},
+        "num_words_cut": {s: f.num_words_cut for s, f in features.items()},
+        "num_empty_words": {s: f.num_empty_words for s, f in features.items()},
+        "max_seq_length": config.max_seq_length,
+    }
+
+
+def train_and_score(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    task: TaggingTask,
+    results: dict,
+    state,
+    *,
+    mesh,
+    train_epoch,
+    evaluate,
+    epoch_splits: tuple[str, ...] = ("dev",),
+    epoch_extras=None,
+):
+    """The epochs, each scored, then the final scores and conlleval files; returns the state.
+
+    After every epoch the `epoch_splits` are scored and metrics.json (`results`, whose
+    `epochs` list grows) is rewritten; at the end dev and test (when the task has it) are
+    scored into `results["final"]` and written as `predictions_<split>.txt` (conlleval's
+    `word gold predicted` layout).
+
+    Args:
+        train_epoch: `(state, epoch, log_file) -> (state, mean train loss)`.
+        evaluate: `(params, split) -> (entity scores, predicted tags per word)`.
+        epoch_extras: `(params) -> dict` added to each epoch's record.
+    """
+    results["epochs"] = []
+    log_path = os.path.join(workdir, "train_log.jsonl")
+    with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
+        for epoch in range(1, config.num_epochs + 1):
+            state, loss = train_epoch(state, epoch, log_file)
+            record = {"epoch": epoch, "train_loss": loss}
+            for split in epoch_splits:
+                if split in task.splits:
+                    record[split], _ = evaluate(state.params, split)
+            scores = record["dev"]
+            logging.info("epoch %d: dev F1 %.4f (P %.4f, R %.4f)", epoch, scores["f1"],
+                         scores["precision"], scores["recall"])  # fmt: skip
+            results["epochs"].append(record | (epoch_extras(state.params) if epoch_extras else {}))
+            common.write_json(os.path.join(workdir, "metrics.json"), results)
+        for split in ("dev", "test"):
+            if split not in task.splits:
+                continue
+            scores, tags = evaluate(state.params, split)
+            results.setdefault("final", {})[split] = scores
+            write_conll(os.path.join(workdir, f"predictions_{split}.txt"), task.splits[split], tags)
+    common.write_json(os.path.join(workdir, "metrics.json"), results)
+    logging.info("final: %s", {s: round(r["f1"], 4) for s, r in results["final"].items()})
+    return state
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Runs the whole fine-tuning described by `config`; returns what metrics.json holds."""
+    start_time = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    task = load_task(config)
     model, _, params, tokenizer, _ = common.load_task_model(
         config, BertForTokenClassification(BertConfig(), len(task.tags))
     )
     _, dropout_rng = common.run_keys(config)
-    features = {
-        split: encode_tagged(
-            examples, tokenizer, config.max_seq_length, task.tags, name=f"{task.name} {split}"
-        )  # fmt: skip
-        for split, examples in task.splits.items()
-    }
+    features = encode_splits(task, tokenizer, config.max_seq_length)
     train = features["train"]
 
     train_keys = (*INPUT_KEYS, "label_ids", "label_weights")
@@ -110,54 +199,31 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
         train_keys, functools.partial(predict_step, model=model), INPUT_KEYS,
     )  # fmt: skip
     del params
-    mesh, state, num_steps = run.mesh, run.state, run.num_steps
-    step_fn, predict_fn = run.train_step, run.predict_step
+    mesh, num_steps = run.mesh, run.num_steps
     train_arrays = {k: getattr(train, k) for k in train_keys}
 
-    def evaluate(split):
-        predicted = predict(predict_fn, state.params, features[split], config.eval_batch_size,
-                            mesh, f"eval {split}")  # fmt: skip
-        tags = decode(features[split], predicted, task.tags)
-        gold = [list(e.tags) for e in task.splits[split]]
-        return scoring.entity_scores(gold, tags), tags
+    def train_epoch(state, epoch, log_file):
+        return common.train_epoch(
+            run.train_step, state, dropout_rng, train_arrays, epoch=epoch, config=config,
+            mesh=mesh, log_file=log_file,
+        )  # fmt: skip
 
-    results = {
-        "task": task.name,
-        "init_from": config.init_from,
+    def evaluate(params, split):
+        arrays = {k: getattr(features[split], k) for k in INPUT_KEYS}
+        predicted = predict(run.predict_step, params, arrays, config.eval_batch_size, mesh,
+                            f"eval {split}")  # fmt: skip
+        return score(task, split, features[split], predicted)
+
+    results = describe(task, features, config) | {
         "from_scratch": config.from_scratch,
-        "tags": list(task.tags),
-        "num_examples": {s: len(f) for s, f in features.items()},
-        "num_truncated": {s: f.num_truncated for s, f in features.items()},
-        "num_words_cut": {s: f.num_words_cut for s, f in features.items()},
-        "num_empty_words": {s: f.num_empty_words for s, f in features.items()},
-        "max_seq_length": config.max_seq_length,
         "num_train_steps": num_steps,
-        "epochs": [],
     }
     logging.info("%s: %d train sentences, %d tags, %d steps of %d", task.name, len(train),
                  len(task.tags), num_steps, config.train_batch_size)  # fmt: skip
-    log_path = os.path.join(workdir, "train_log.jsonl")
-    with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
-        for epoch in range(1, config.num_epochs + 1):
-            state, loss = common.train_epoch(
-                step_fn, state, dropout_rng, train_arrays, epoch=epoch, config=config, mesh=mesh,
-                log_file=log_file,
-            )  # fmt: skip
-            scores, _ = evaluate("dev")
-            epoch_result = {"epoch": epoch, "train_loss": loss, "dev": scores}
-            logging.info("epoch %d: dev F1 %.4f (P %.4f, R %.4f)", epoch, scores["f1"],
-                         scores["precision"], scores["recall"])  # fmt: skip
-            results["epochs"].append(epoch_result)
-            common.write_json(os.path.join(workdir, "metrics.json"), results)
-        for split in ("dev", "test"):
-            if split not in task.splits:
-                continue
-            scores, tags = evaluate(split)
-            results.setdefault("final", {})[split] = scores
-            write_conll(os.path.join(workdir, f"predictions_{split}.txt"), task.splits[split], tags)
+    train_and_score(config, workdir, task, results, run.state, mesh=mesh,
+                    train_epoch=train_epoch, evaluate=evaluate)  # fmt: skip
     results["wall_time_s"] = time.time() - start_time
     common.write_json(os.path.join(workdir, "metrics.json"), results)
-    logging.info("final: %s", {s: round(r["f1"], 4) for s, r in results["final"].items()})
     return results
 
 
