@@ -8,8 +8,9 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 CORPUS := $(WORKDIR)/shakespeare
 
-.PHONY: install test test-slow demo features finetune-minilm ner-minilm features-ner-minilm pretrain pretrain-data lint clean help \
-	squad-minilm vitaminc-minilm imdb-minilm msra-minilm choice-minilm
+.PHONY: install test test-slow demo features finetune-minilm ner-minilm features-ner-minilm pretrain \
+	pretrain-data lint clean help squad-minilm vitaminc-minilm imdb-minilm msra-minilm choice-minilm \
+	ablations-objectives ablations-size ablations-features
 
 help:  ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -101,6 +102,20 @@ choice-minilm: $(STAMP)  ## MiniLM on multiple choice (wikiHow step inference, S
 	$(PY) -m experiments.finetune_multiple_choice \
 		--config=experiments/configs/finetune_minilm_multiple_choice.py \
 		--workdir=$(WORKDIR)/minilm_choice $(ARGS)
+
+# --- the BERT paper's ablations at CPU scale (docs/paper_tables.md) ---------------------
+# Each resumes where it stopped; ARGS passes flags (python -m experiments.ablations --help).
+
+ablations-objectives: $(STAMP)  ## Table 5: MLM+NSP vs No NSP vs LTR (BERT-tiny, IMDB; CPU hours)
+	$(PY) -m experiments.ablations --table=objectives --workdir=$(WORKDIR)/ablations \
+		--corpus_dir=$(WORKDIR)/imdb $(ARGS)
+
+ablations-size: $(STAMP)  ## Table 6: held-out MLM perplexity vs model size (4 sizes; CPU hours)
+	$(PY) -m experiments.ablations --table=size --workdir=$(WORKDIR)/ablations \
+		--corpus_dir=$(WORKDIR)/imdb $(ARGS)
+
+ablations-features: $(STAMP)  ## Table 7: MiniLM feature-based NER (7 layer mixes) vs fine-tuning
+	$(PY) -m experiments.ablations --table=features --workdir=$(WORKDIR)/ablations $(ARGS)
 
 # --- the embedded default: BERT-tiny pretrained on Shakespeare, from nothing -------------
 

@@ -36,6 +36,11 @@ def get_config() -> ml_collections.ConfigDict:
 
     config.model = ml_collections.ConfigDict()
     config.model.preset = "tiny"  # L2/H128/A2 (bert_jax.config.PRESETS)
+    # Other sizes on the same recipe (None: the preset's), e.g. experiments.ablations' Table 6.
+    config.model.num_hidden_layers = placeholder(int)  # L
+    config.model.hidden_size = placeholder(int)  # H
+    config.model.num_attention_heads = placeholder(int)  # A (H divisible by A)
+    config.model.intermediate_size = placeholder(int)  # the feed-forward width (4H in presets)
     config.model.vocab_size = placeholder(int)  # None: the vocab file's size
     config.model.hidden_act = "gelu"  # exact GELU; "gelu_tanh" is the original code's form
     config.model.dtype = "float32"  # compute dtype; "bfloat16" uses bf16 matmul inputs
