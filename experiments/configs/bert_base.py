@@ -55,6 +55,11 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
 
     config.model = ml_collections.ConfigDict()
     config.model.preset = "base"  # L12/H768/A12 (bert_jax.config.PRESETS)
+    # Other sizes on the same recipe (None: the preset's), as in the tiny config.
+    config.model.num_hidden_layers = placeholder(int)  # L
+    config.model.hidden_size = placeholder(int)  # H
+    config.model.num_attention_heads = placeholder(int)  # A (H divisible by A)
+    config.model.intermediate_size = placeholder(int)  # the feed-forward width (4H in presets)
     config.model.vocab_size = 30522  # Google's uncased English WordPiece vocab
     config.model.hidden_act = "gelu_tanh"  # the original code's GELU, as the paper's models
     config.model.dtype = "bfloat16"  # bf16 matmul inputs, f32 accumulation and master weights
