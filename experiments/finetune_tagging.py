@@ -127,6 +127,7 @@ def describe(task: TaggingTask, features: dict[str, TaggingFeatures], config) ->
         "num_truncated": {s: f.num_truncated for s, f in features.items()},
         "num_words_cut": {s: f.num_words_cut for s, f in features.items()},
         "num_empty_words": {s: f.num_empty_words for s, f in features.items()},
+        "num_unknown_words": {s: f.num_unknown_words for s, f in features.items()},
         "max_seq_length": config.max_seq_length,
     }
 

@@ -447,6 +447,22 @@ def test_words_that_do_not_fit_are_counted_and_predicted_o(tokenizer):
     assert features.num_empty_words == 1 and features.word_positions[0][1] == -1
 
 
+def test_words_the_vocab_cannot_spell_are_counted_and_warned_of(tokenizer, caplog):
+    # MiniLM's English vocab spells 中 and 国 but not 报 or 澳: a Chinese sentence is
+    # half [UNK], which the model cannot tell apart (MSRA NER with MiniLM).
+    assert tokenizer.encode_batch(["报", "澳"]) == [[tokenizer.unk_id]] * 2
+    example = TaggingExample("msra:1", ("中", "国", "报", "澳"), ("O",) * 4)
+    with caplog.at_level(logging.WARNING):
+        features = encode_tagged([example], tokenizer, 8, ("O",), name="msra train")
+    assert features.num_unknown_words == 2
+    assert "msra train: 2 of 4 words (50.0%) are [UNK]" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        spelled = TaggingExample("msra:2", ("中", "国"), ("O", "O"))
+        features = encode_tagged([spelled], tokenizer, 8, ("O",))
+    assert features.num_unknown_words == 0 and "[UNK]" not in caplog.text
+
+
 def test_tag_unseen_in_training_names_the_sentence(tokenizer):
     example = TaggingExample("dev.txt:7", ("Oslo",), ("B-LOC",))
     with pytest.raises(

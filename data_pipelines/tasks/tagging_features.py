@@ -5,6 +5,9 @@ on its first WordPiece; the other pieces carry weight 0. Words that do not fit i
 `max_seq_length` are cut (the example is counted as truncated, the cut words are counted)
 and predicted "O" at evaluation, so every word of the input still gets a tag; words that
 tokenize to nothing (e.g. a lone control character) are counted and predicted "O" too.
+Words the vocabulary cannot spell (only `[UNK]`) are counted and warned of above
+UNKNOWN_WARN_FRACTION: a model that reads most of a script as `[UNK]` (an English vocab on
+Chinese text) cannot tell its words apart, whatever fine-tuning does.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from data_pipelines.tasks.formats import TaggingExample, TaskDataError
 
 log = logging.getLogger(__name__)
 
+UNKNOWN_WARN_FRACTION = 0.01  # warn when more words than this are only [UNK]
+
 
 @dataclasses.dataclass
 class TaggingFeatures:
@@ -31,6 +36,7 @@ class TaggingFeatures:
     num_truncated: int  # examples with words cut off
     num_words_cut: int  # words beyond max_seq_length
     num_empty_words: int  # words with no word pieces
+    num_unknown_words: int = 0  # words whose only piece is [UNK]
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -60,6 +66,7 @@ def encode_tagged(
     pieces = tokenizer.encode_batch(words) if words else []
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
     truncated = cut = empty = 0
+    unknown = sum(1 for p in pieces if len(p) == 1 and p[0] == tokenizer.unk_id)
     positions = []
     offset = 0
     for row, example in enumerate(examples):
@@ -100,8 +107,14 @@ def encode_tagged(
             "%d words without word pieces (predicted 'O')",
             name, truncated, n, max_seq_length, cut, empty,
         )  # fmt: skip
+    if words and unknown > UNKNOWN_WARN_FRACTION * len(words):
+        log.warning(
+            "%s: %d of %d words (%.1f%%) are [UNK] in this vocabulary: the model cannot tell "
+            "them apart (is the vocab made for this language?)",
+            name, unknown, len(words), 100.0 * unknown / len(words),
+        )  # fmt: skip
     return TaggingFeatures(ids, mask, np.zeros_like(ids), label_ids, weights, positions,
-                           truncated, cut, empty)  # fmt: skip
+                           truncated, cut, empty, unknown)  # fmt: skip
 
 
 def decode(
