@@ -256,6 +256,29 @@ def find_checkpoints(path: str) -> tuple[str, int | None] | None:
     return None
 
 
+def missing_params(path: str, abstract_params) -> list[str]:
+    """The params of `abstract_params` that the newest complete checkpoint `path` names does
+    not hold ('bert/pooler/dense/kernel', ...): another objective's heads, e.g. a "mlm"
+    run's checkpoint read into a model with NSP. Empty when it holds them all, or when its
+    metadata cannot be read (a restore then says why)."""
+    found = find_checkpoints(path)
+    if found is None:
+        return []
+    directory, step = found
+    step = step if step is not None else _complete_steps(directory)[-1]
+    try:
+        state_dir = os.path.join(directory, str(step), "state")
+        saved = ocp.PyTreeCheckpointer().metadata(state_dir).item_metadata.tree["params"]
+    except Exception:  # noqa: BLE001 - unreadable metadata: restore_params reports it
+        return []
+
+    def names(tree) -> set[str]:
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {_leaf_name(p).removesuffix("/value") for p, _ in leaves}
+
+    return sorted(names(abstract_params) - names(saved))
+
+
 def _unbox(tree):
     """Drops the `{"value": array}` wrappers that flax's partitioning boxes leave on disk."""
     if isinstance(tree, dict):

@@ -317,14 +317,21 @@ def _masking_config(config, tokenizer):
     )
 
 
-def _load_init_params(path: str, model: BertForPreTraining, abstract_params):
-    """Params for `init_from`: our checkpoint dir, a TF checkpoint or a HF directory."""
+def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng):
+    """Params for `init_from`: our checkpoint dir, a TF checkpoint or a HF directory.
+
+    Heads the source lacks (a "mlm" or "ltr" checkpoint has no pooler or NSP head, which a
+    "mlm_nsp" run needs) are initialised from `rng`, each named in the log.
+    """
     if checkpointing.is_checkpoint_dir(path):
-        params, _ = checkpointing.restore_params(path, abstract_params)
-        return params
+        missing = checkpointing.missing_params(path, abstract_params)
+        if not missing:
+            params, _ = checkpointing.restore_params(path, abstract_params)
+            return params
+        logging.info("init_from %s lacks %d params (%s, ...)", path, len(missing), missing[0])
     from bert_jax import convert
 
-    _, params, _ = convert.load_pretrained(path, config=model.config, model=model)
+    _, params, _ = convert.load_pretrained(path, config=model.config, model=model, rng=rng)
     return params
 
 
@@ -377,7 +384,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     init_rng, dropout_rng = run_keys(config.seed, config.prng_impl)
     state, position, source = _restore(config, workdir, run.abstract_state, shardings)
     if state is None and config.init_from:
-        params = _load_init_params(config.init_from, run.model, run.abstract_state.params)
+        params = _load_init_params(config.init_from, run.model, run.abstract_state.params, init_rng)
         state, _ = sharded_state(
             run.model, run.tx, mesh, run.inputs, params=params, rules=run.rules
         )

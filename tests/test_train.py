@@ -307,15 +307,21 @@ def test_prng_impls_draw_different_dropout_masks():
 # --- pretraining objectives (config.objective) ------------------------------------------------
 
 
-def _objective_run(objective: str, **data):
-    """train.setup of bert_tiny_cpu.py with `objective` (1 layer, the synthetic ids' vocab) on
-    one device, a fresh state and a fast-warming optimizer."""
+def _objective_config(objective: str, **data) -> ml_collections.ConfigDict:
     config = bert_tiny_cpu.get_config()
     config.objective = objective
     config.model.num_hidden_layers = 1
+    config.model.vocab_size = 3072  # synthetic ids are < 3000
     config.data.max_seq_length = synth.SEQ_LEN
     config.data.update(data)
     config.optimizer.update(warmup_steps=1, learning_rate=5e-3)
+    return config
+
+
+def _objective_run(objective: str, **data):
+    """train.setup of bert_tiny_cpu.py with `objective` (1 layer, the synthetic ids' vocab) on
+    one device, a fresh state and a fast-warming optimizer."""
+    config = _objective_config(objective, **data)
     mesh = sharding.create_mesh((1, 1, 1), jax.devices()[:1])
     run = train.setup(config, mesh, vocab_size=3072)  # synthetic ids are < 3000
     state, _ = sharded_state(run.model, run.tx, mesh, run.inputs, rng=jax.random.key(0))
@@ -346,6 +352,45 @@ def test_the_mlm_objective_has_no_nsp_and_its_loss_is_the_mlm_loss():
     np.testing.assert_allclose(float(metrics["loss"]), float(expected), rtol=1e-6)
     losses = _steps(run, state, mesh, batch)
     assert losses[-1] < losses[0], losses
+
+
+def _save_params_checkpoint(state, directory: str, objective: str) -> str:
+    from bert_jax import checkpointing
+
+    manager = checkpointing.make_manager(directory, async_save=False)
+    config = _objective_config(objective)
+    positions = [{"epoch": 0, "batch_in_epoch": 0, "process_index": 0}]
+    assert checkpointing.save(manager, 1, state, positions, checkpointing.config_to_json(config))
+    manager.close()
+    return directory
+
+
+def test_init_from_another_objectives_checkpoint_keeps_what_both_share(tmp_path, caplog):
+    """A "mlm" checkpoint (no pooler, no NSP head) starts a "mlm_nsp" run: the shared params
+    are the checkpoint's, the two heads fresh and logged; the other way round, the NSP head
+    is left behind. (Restoring the checkpoint's tree as-is failed as 'unreadable'.)"""
+    import logging
+
+    mlm_run, mlm_state, _ = _objective_run("mlm")
+    mlm_dir = _save_params_checkpoint(mlm_state, str(tmp_path / "mlm"), "mlm")
+    nsp_run, nsp_state, _ = _objective_run("mlm_nsp")
+    abstract = jax.eval_shape(lambda: nsp_state.params)
+    with caplog.at_level(logging.INFO):
+        params = train._load_init_params(mlm_dir, nsp_run.model, abstract, jax.random.key(5))
+    assert jax.tree.structure(params) == jax.tree.structure(nsp_state.params)
+    for name in ("embeddings", "encoder"):
+        jax.tree.map(
+            np.testing.assert_array_equal, params["bert"][name], mlm_state.params["bert"][name]
+        )
+    jax.tree.map(np.testing.assert_array_equal, params["mlm"], mlm_state.params["mlm"])
+    assert "has no 'nsp' weights" in caplog.text and "'bert/pooler'" in caplog.text
+
+    nsp_dir = _save_params_checkpoint(nsp_state, str(tmp_path / "nsp"), "mlm_nsp")
+    abstract = jax.eval_shape(lambda: mlm_state.params)
+    params = train._load_init_params(nsp_dir, mlm_run.model, abstract, jax.random.key(5))
+    expected = {"bert": {k: v for k, v in nsp_state.params["bert"].items() if k != "pooler"},
+                "mlm": nsp_state.params["mlm"]}  # fmt: skip
+    jax.tree.map(np.testing.assert_array_equal, params, expected)
 
 
 def _ltr_batch(batch_size: int, seed: int) -> dict[str, np.ndarray]:
