@@ -12,6 +12,8 @@ It lives in `data_pipelines`, the package every other one may import.
 from __future__ import annotations
 
 import difflib
+import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -166,3 +168,20 @@ def _suggest(config, name: str, path: str, missing: str) -> str:
     parent = missing.rpartition(".")[0]
     level = sorted(p.rpartition(".")[2] for p in paths if p.rpartition(".")[0] == parent)
     return f"valid keys{f' in {parent!r}' if parent else ''}: {', '.join(level)}"
+
+
+def check_same_flags(workdir: str, filename: str, current: dict) -> None:
+    """Records `current` (flag name -> value) as `workdir/filename`, or, when a previous run
+    recorded other values there, refuses the workdir: its outputs, made with those flags,
+    would be reused as this run's. Raises app.UsageError naming each changed flag."""
+    path = os.path.join(workdir, filename)
+    if not os.path.exists(path):
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(current, f, indent=2)
+        return
+    with open(path, encoding="utf-8") as f:
+        previous = json.load(f)
+    changed = {k: (previous.get(k), v) for k, v in current.items() if previous.get(k) != v}
+    if changed:
+        details = ", ".join(f"--{k}={old} (now {new})" for k, (old, new) in changed.items())
+        raise app.UsageError(f"{workdir} was made with {details}; use another --workdir")

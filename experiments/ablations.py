@@ -376,18 +376,8 @@ RUN_FLAGS = (
 
 def check_workdir(opts, workdir: str) -> None:
     """Refuses a table's workdir made with other --RUN_FLAGS (its runs would be reused)."""
-    path = os.path.join(workdir, "ablation_flags.json")
     current = {name: getattr(opts, name) for name in RUN_FLAGS}
-    if not os.path.exists(path):
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(current, f, indent=2)
-        return
-    with open(path, encoding="utf-8") as f:
-        previous = json.load(f)
-    changed = {k: (previous.get(k), v) for k, v in current.items() if previous.get(k) != v}
-    if changed:
-        details = ", ".join(f"--{k}={old} (now {new})" for k, (old, new) in changed.items())
-        raise app.UsageError(f"{workdir} was made with {details}; use another --workdir")
+    cli.check_same_flags(workdir, "ablation_flags.json", current)
 
 
 def main(argv):

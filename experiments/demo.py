@@ -270,18 +270,8 @@ def plot(path: str, pretraining: list[dict], budgets: list[dict]) -> None:
 
 def check_workdir(workdir: str) -> None:
     """Refuses a workdir made with other pretraining flags (its outputs would be reused)."""
-    path = os.path.join(workdir, "demo_flags.json")
     current = {name: FLAGS[name].value for name in PRETRAINING_FLAGS}
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            previous = json.load(f)
-        changed = {k: (previous.get(k), v) for k, v in current.items() if previous.get(k) != v}
-        if changed:
-            details = ", ".join(f"--{k}={old} (now {new})" for k, (old, new) in changed.items())
-            raise app.UsageError(f"{workdir} was made with {details}; use another --workdir")
-    else:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(current, f, indent=2)
+    cli.check_same_flags(workdir, "demo_flags.json", current)
 
 
 def main(argv):
