@@ -5,6 +5,8 @@
 - A `--config.<key>=value` override naming no key of the config is one line naming the key
   and the closest valid keys, instead of the traceback ml_collections raises from inside
   flag parsing.
+- `check_same_flags`: a tool whose workdir outputs are reused on a rerun records the flags
+  they depend on there, and refuses the workdir when a rerun changes them.
 
 It lives in `data_pipelines`, the package every other one may import.
 """

@@ -323,7 +323,7 @@ def _objective_run(objective: str, **data):
     one device, a fresh state and a fast-warming optimizer."""
     config = _objective_config(objective, **data)
     mesh = sharding.create_mesh((1, 1, 1), jax.devices()[:1])
-    run = train.setup(config, mesh, vocab_size=3072)  # synthetic ids are < 3000
+    run = train.setup(config, mesh, vocab_size=config.model.vocab_size)
     state, _ = sharded_state(run.model, run.tx, mesh, run.inputs, rng=jax.random.key(0))
     return run, state, mesh
 
