@@ -367,16 +367,23 @@ def format_features(results: dict) -> str:
     return "\n".join(rows + lines) + "\n"
 
 
-# The flags that decide a table's records and pretrained models: a workdir holds one set.
-RUN_FLAGS = (
-    "corpus_dir", "seed", "pretrain_steps", "size_pretrain_steps", "pretrain_batch_size",
-    "pretrain_learning_rate", "max_seq_length", "dupe_factor", "vocab_size",
+# The flags that decide each table's records, pretrained models and fine-tuning runs (the
+# ones whose outputs a rerun reuses): a table's workdir holds one set.
+_PRETRAINING_FLAGS = (
+    "corpus_dir", "seed", "pretrain_batch_size", "pretrain_learning_rate", "max_seq_length",
+    "dupe_factor", "vocab_size",
 )  # fmt: skip
+RUN_FLAGS = {
+    "objectives": (*_PRETRAINING_FLAGS, "pretrain_steps", "vitaminc_train_examples"),
+    "size": (*_PRETRAINING_FLAGS, "size_pretrain_steps"),
+    "features": ("seed",),
+}
 
 
-def check_workdir(opts, workdir: str) -> None:
-    """Refuses a table's workdir made with other --RUN_FLAGS (its runs would be reused)."""
-    current = {name: getattr(opts, name) for name in RUN_FLAGS}
+def check_workdir(opts, workdir: str, table: str) -> None:
+    """Refuses a table's workdir made with other values of its RUN_FLAGS (its runs would be
+    reused); the flags of the other tables do not matter to it."""
+    current = {name: getattr(opts, name) for name in RUN_FLAGS[table]}
     cli.check_same_flags(workdir, "ablation_flags.json", current)
 
 
@@ -390,7 +397,7 @@ def main(argv):
     workdir = os.path.abspath(os.path.join(opts.workdir, table))
     os.makedirs(workdir, exist_ok=True)
     opts.corpus_dir = os.path.abspath(opts.corpus_dir)
-    check_workdir(opts, workdir)
+    check_workdir(opts, workdir, table)
     if table == "features":
         markdown, data = features_table(opts, workdir)
     else:

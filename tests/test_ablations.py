@@ -127,9 +127,18 @@ def test_features_table_checks_the_papers_three_directions():
 
 
 def test_a_workdir_made_with_other_flags_is_refused(tmp_path):
-    opts = types.SimpleNamespace(**{name: 1 for name in ablations.RUN_FLAGS})
-    ablations.check_workdir(opts, str(tmp_path))  # first run: records its flags
-    ablations.check_workdir(opts, str(tmp_path))  # the same flags: resumes
+    names = {name for table in ablations.RUN_FLAGS.values() for name in table}
+    opts = types.SimpleNamespace(**{name: 1 for name in names})
+    for table in ablations.TABLES:
+        (tmp_path / table).mkdir()
+        ablations.check_workdir(opts, str(tmp_path / table), table)  # first run: records
+        ablations.check_workdir(opts, str(tmp_path / table), table)  # the same: resumes
     opts.pretrain_steps = 2
     with pytest.raises(app.UsageError, match=r"--pretrain_steps=1 \(now 2\); use another"):
-        ablations.check_workdir(opts, str(tmp_path))
+        ablations.check_workdir(opts, str(tmp_path / "objectives"), "objectives")
+    # Only the objectives table pretrains for --pretrain_steps; the others resume.
+    ablations.check_workdir(opts, str(tmp_path / "size"), "size")
+    ablations.check_workdir(opts, str(tmp_path / "features"), "features")
+    opts.seed = 2
+    with pytest.raises(app.UsageError, match=r"--seed=1 \(now 2\)"):
+        ablations.check_workdir(opts, str(tmp_path / "features"), "features")
