@@ -428,7 +428,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("max_seq_length", 64, "Pretraining sequence length (pieces).")
     flags.DEFINE_integer("dupe_factor", 2, "Copies of the training corpus in the records.")
     flags.DEFINE_integer("vocab_size", 8000, "WordPiece vocabulary size (the demo's).")
-    # On a 2-core CPU shared with a second job 4/128/2 took 1.2 s a step and 4/256/4 1.9 s
+    # On a 2-core CPU shared with a second job 4/128/2 took about 1.1 s a step and 4/256/4 1.9 s
     # (over an hour at 3,600 steps): the ladder grows from below rather than above.
     flags.DEFINE_list(
         "sizes",
