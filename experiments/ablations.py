@@ -82,7 +82,7 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def direction(ours: float, reference: float, paper_delta: float, noise: float) -> str:
     """Whether our change from `reference` goes the paper's way (`paper_delta`): "yes",
-    "no", or "within noise" when |ours - reference| <= `noise` (a standard deviation)."""
+    "no", or "within noise" when |ours - reference| <= `noise` (the caller's threshold)."""
     delta = ours - reference
     if abs(delta) <= noise:
         return "within noise"
@@ -260,7 +260,10 @@ def format_objectives(scores: dict, pretraining: dict) -> str:
     for arm in OBJECTIVES[1:]:
         for t in tasks:
             (ours, std), (base, base_std) = stats[t][arm], stats[t]["mlm_nsp"]
-            verdict = direction(ours, base, -1.0, max(std, base_std))
+            # Two standard errors of the difference of the two means (over the seeds).
+            runs, base_runs = len(scores[t][arm]), len(scores[t]["mlm_nsp"])
+            noise = 2 * math.sqrt(std**2 / runs + base_std**2 / base_runs)
+            verdict = direction(ours, base, -1.0, noise)
             lines.append(f"- {OBJECTIVE_NAMES[arm]}, {t}: {100 * (ours - base):+.1f} points "
                          f"({verdict})")  # fmt: skip
     lines.append(

@@ -258,6 +258,22 @@ def _parse_config_flags(argv: list[str]):
     return values.config
 
 
+@pytest.mark.parametrize("name", ["bert_tiny_cpu.py", "bert_large_paper.py"])
+def test_fused_attention_and_its_dropout_are_set_from_the_command_line(name):
+    path = os.path.join(CONFIG_DIR, name)
+    default = train.model_config(_parse_config_flags([f"--config={path}"]))
+    assert default.attention_implementation == "einsum"
+    assert default.attention_probs_dropout_prob == default.hidden_dropout_prob == 0.1
+    fused = _parse_config_flags([
+        f"--config={path}",
+        "--config.model.attention_implementation=cudnn",
+        "--config.model.attention_probs_dropout_prob=0.0",
+    ])  # fmt: skip
+    cfg = train.model_config(fused)
+    assert cfg.attention_implementation == "cudnn"
+    assert cfg.attention_probs_dropout_prob == 0.0 and cfg.hidden_dropout_prob == 0.1
+
+
 @pytest.mark.parametrize("name", TPU_CONFIGS)
 def test_tpu_paths_live_in_the_bucket_and_follow_it(name):
     path = os.path.join(CONFIG_DIR, name)

@@ -65,6 +65,12 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.model.dtype = "bfloat16"  # bf16 matmul inputs, f32 accumulation and master weights
     config.model.scan_layers = False  # nn.scan over layers (faster compiles when deep)
     config.model.remat_policy = "none"  # rematerialisation (bert_jax.config.REMAT_POLICIES)
+    # "einsum" (written out), or jax.nn.dot_product_attention: "xla" / "cudnn"
+    # (bert_jax.config.ATTENTION_IMPLEMENTATIONS); the fused two need
+    # attention_probs_dropout_prob=0 to train.
+    config.model.attention_implementation = "einsum"
+    config.model.hidden_dropout_prob = placeholder(float)  # None: the preset's (0.1)
+    config.model.attention_probs_dropout_prob = placeholder(float)  # None: the preset's
 
     # Where the data lives; every data path below is built from it (FieldReference), so
     # `--config.data_dir=...` moves them all, and each stays overridable on its own.

@@ -46,6 +46,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.dtype = "float32"  # compute dtype; "bfloat16" uses bf16 matmul inputs
     config.model.scan_layers = False  # nn.scan over layers (faster compiles when deep)
     config.model.remat_policy = "none"  # rematerialisation (bert_jax.config.REMAT_POLICIES)
+    # "einsum" (written out), or jax.nn.dot_product_attention: "xla" / "cudnn"
+    # (bert_jax.config.ATTENTION_IMPLEMENTATIONS); the fused two need
+    # attention_probs_dropout_prob=0 to train.
+    config.model.attention_implementation = "einsum"
+    config.model.hidden_dropout_prob = placeholder(float)  # None: the preset's (0.1)
+    config.model.attention_probs_dropout_prob = placeholder(float)  # None: the preset's
 
     config.data = ml_collections.ConfigDict()
     config.data.train_files = "workdirs/shakespeare/train*.tfrecord"  # globs, comma-separated
