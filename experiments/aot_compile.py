@@ -14,8 +14,9 @@ projected time to train at a stated model-FLOPs utilisation, and the TPU compile
 estimate of the step's time (its cost model's `optimal_seconds`), the MFU that implies
 and the days to train at it. The cost model too counts a scanned loop body once, so the
 estimate comes from the same step compiled with its layers unrolled (`scan_layers=False`;
-the memory fit stays the config's own). The exit status is 1 when the step does not
-fit, 2 when it cannot be compiled for another reason.
+the memory fit stays the config's own) and without sliced prefetches (the cost model
+cannot cost the ops that reassemble them; see `COST_MODEL_OPTIONS`). The exit status is
+1 when the step does not fit, 2 when it cannot be compiled for another reason.
 """
 
 from __future__ import annotations
@@ -119,6 +120,26 @@ def implied_mfu(
     if not step_seconds > 0:
         raise ValueError(f"step_seconds must be positive, got {step_seconds}")
     return flops_per_step / (step_seconds * peak_flops_per_device * devices)
+
+
+# On v4 and v5e slices the TPU compiler's memory-space assignment prefetches big arrays
+# (the word embeddings, their Adam moments) in slices and reassembles each with a
+# `ConcatBitcast` op that libtpu 0.0.42.1's cost model cannot cost: it adds -1 s per such
+# op, so `optimal_seconds` comes back negative (BERT-tiny on v4:2x2x1: -2.9987 s, three of
+# them). The estimate's compile turns sliced prefetching off; v3 has none to turn off (the
+# same estimate with or without), and on v4 and v5e the figure without it is ~4% above the
+# one read off by adding those seconds back (BERT-tiny: 1.330 vs 1.277 ms on v4:2x2x1,
+# 1.771 vs 1.693 ms on v5e:2x2), so it is a slightly conservative estimate of the step the
+# run compiles.
+COST_MODEL_OPTIONS = {"xla_tpu_sliced_prefetch_max_slices": 0}
+
+
+def duration(days: float) -> str:
+    """`days` as people say it: minutes under an hour, hours under two days, else days."""
+    hours = days * 24
+    if hours < 1:
+        return f"{hours * 60:.0f} min"
+    return f"{hours:.1f} h" if hours < 48 else f"{days:.1f} days"
 
 
 def optimal_seconds(compiled) -> float | None:
@@ -233,7 +254,7 @@ class FitReport:
             f"model FLOPs per step  {self.flops_per_step:.4g} (analytic: 6 x params-in-matmuls "
             f"x tokens + attention)",
             f"projected at MFU {mfu:.0%}: {step_seconds * 1e3:.1f} ms/step, {self.steps:,} steps "
-            f"= {self.days(mfu):.2f} days",
+            f"= {duration(self.days(mfu))}",
         ]
         if usd_per_chip_hour:
             cost = self.days(mfu) * 24 * self.num_chips * usd_per_chip_hour
@@ -244,7 +265,7 @@ class FitReport:
         days = self.compiler_days
         lines.append(
             f"compiler's estimate (unrolled layers): {self.compiler_step_seconds * 1e3:.1f} "
-            f"ms/step = MFU {self.compiler_mfu:.1%}, {self.steps:,} steps = {days:.2f} days "
+            f"ms/step = MFU {self.compiler_mfu:.1%}, {self.steps:,} steps = {duration(days)} "
             f"({days * 24 * self.num_chips:,.0f} chip-hours)"
         )
         if usd_per_chip_hour:
@@ -259,11 +280,11 @@ def steps_to_train(config) -> int:
     return stop - config.get("start_step", 0)
 
 
-def compile_steps(config, devices, *, evaluate: bool = True):
+def compile_steps(config, devices, *, evaluate: bool = True, compiler_options=None):
     """Lowers and compiles the config's train and eval steps for `devices`.
 
     The steps, state, shardings and dropout key are `train.setup`'s and `run_keys`': what
-    `experiments.pretrain` runs.
+    `experiments.pretrain` runs; `compiler_options` go to the train step's compile.
 
     Returns (compiled train step, compiled eval step or None, mesh, model config).
     """
@@ -290,7 +311,7 @@ def compile_steps(config, devices, *, evaluate: bool = True):
     _, key = jax.eval_shape(lambda: train_state.run_keys(config.seed, config.prng_impl))
     rng = jax.ShapeDtypeStruct((), key.dtype, sharding=replicated)
     with sharding.activation_context(mesh, run.rules):
-        compiled_train = run.train_step.lower(state, batch, rng).compile()
+        compiled_train = run.train_step.lower(state, batch, rng).compile(compiler_options)
         compiled_eval = run.eval_step.lower(state.params, batch).compile() if evaluate else None
     return compiled_train, compiled_eval, mesh, run.model_config
 
@@ -305,11 +326,15 @@ def unrolled(config):
 
 def estimate_step_seconds(config, devices, compiled_train) -> float | None:
     """The compiler's estimate of one train step: from `compiled_train` when its layers are
-    unrolled, else from the step compiled again unrolled (the cost model counts a scanned
-    body once)."""
-    if config.model.scan_layers:
-        compiled_train, _, _, _ = compile_steps(unrolled(config), devices, evaluate=False)
-    return optimal_seconds(compiled_train)
+    unrolled and the cost model costs it, else from the step compiled again, unrolled (the
+    cost model counts a scanned body once) and with `COST_MODEL_OPTIONS`."""
+    seconds = None if config.model.scan_layers else optimal_seconds(compiled_train)
+    if seconds is None:
+        compiled_train, _, _, _ = compile_steps(
+            unrolled(config), devices, evaluate=False, compiler_options=COST_MODEL_OPTIONS
+        )
+        seconds = optimal_seconds(compiled_train)
+    return seconds
 
 
 def check(config, topology: str, estimate: bool = True) -> FitReport:
