@@ -14,9 +14,9 @@ projected time to train at a stated model-FLOPs utilisation, and the TPU compile
 estimate of the step's time (its cost model's `optimal_seconds`), the MFU that implies
 and the days to train at it. The cost model too counts a scanned loop body once, so the
 estimate comes from the same step compiled with its layers unrolled (`scan_layers=False`;
-the memory fit stays the config's own) and without sliced prefetches (the cost model
-cannot cost the ops that reassemble them; see `COST_MODEL_OPTIONS`). The exit status is
-1 when the step does not fit, 2 when it cannot be compiled for another reason.
+the memory fit stays the config's own); on v4 and v5e the -1 s the cost model counts for
+each op it cannot cost is taken back out (`UNCOSTED_OPS`). The exit status is 1 when the
+step does not fit, 2 when it cannot be compiled for another reason.
 """
 
 from __future__ import annotations
@@ -122,16 +122,14 @@ def implied_mfu(
     return flops_per_step / (step_seconds * peak_flops_per_device * devices)
 
 
-# On v4 and v5e slices the TPU compiler's memory-space assignment prefetches big arrays
-# (the word embeddings, their Adam moments) in slices and reassembles each with a
-# `ConcatBitcast` op that libtpu 0.0.42.1's cost model cannot cost: it adds -1 s per such
-# op, so `optimal_seconds` comes back negative (BERT-tiny on v4:2x2x1: -2.9987 s, three of
-# them). The estimate's compile turns sliced prefetching off; v3 has none to turn off (the
-# same estimate with or without), and on v4 and v5e the figure without it is ~4% above the
-# one read off by adding those seconds back (BERT-tiny: 1.330 vs 1.277 ms on v4:2x2x1,
-# 1.771 vs 1.693 ms on v5e:2x2), so it is a slightly conservative estimate of the step the
-# run compiles.
-COST_MODEL_OPTIONS = {"xla_tpu_sliced_prefetch_max_slices": 0}
+# On v4 and v5e slices the TPU compiler's memory-space assignment prefetches big arrays in
+# slices and reassembles each with a `ConcatBitcast` custom call: a bitcast, no work, but
+# libtpu 0.0.42.1's cost model cannot cost it and adds -1 s for each one to
+# `optimal_seconds` (BERT-Large phase 1 on v4:2x2x1: -1112.93457 s with 1,113 of them).
+# Adding those seconds back gives the estimate of the program the run compiles (65.4 ms
+# there); compiling without sliced prefetches instead (`xla_tpu_sliced_prefetch_max_slices
+# =0`) gives a costable but different program, 128.8 ms. v3 has none of these ops.
+UNCOSTED_OPS = ('custom_call_target="ConcatBitcast"',)
 
 
 def duration(days: float) -> str:
@@ -144,13 +142,18 @@ def duration(days: float) -> str:
 
 def optimal_seconds(compiled) -> float | None:
     """The TPU compiler's estimate of one run of `compiled` in seconds (its cost model's
-    `optimal_seconds`); None when it gives none, or a non-positive one (its mark for an
-    op it cannot cost)."""
+    `optimal_seconds`, with the -1 s it counts for each of `UNCOSTED_OPS` taken back out);
+    None when it gives none, or a non-positive one."""
     costs = compiled.cost_analysis()
     if isinstance(costs, list | tuple):  # one dict per program in older jax releases
         costs = costs[0] if costs else None
     seconds = (costs or {}).get("optimal_seconds")
-    return float(seconds) if seconds is not None and seconds > 0 else None
+    if seconds is None:
+        return None
+    if seconds < 0:
+        text = compiled.as_text()
+        seconds += sum(text.count(op) for op in UNCOSTED_OPS)
+    return float(seconds) if seconds > 0 else None
 
 
 def slice_devices(topology: str) -> list:
@@ -280,11 +283,11 @@ def steps_to_train(config) -> int:
     return stop - config.get("start_step", 0)
 
 
-def compile_steps(config, devices, *, evaluate: bool = True, compiler_options=None):
+def compile_steps(config, devices, *, evaluate: bool = True):
     """Lowers and compiles the config's train and eval steps for `devices`.
 
     The steps, state, shardings and dropout key are `train.setup`'s and `run_keys`': what
-    `experiments.pretrain` runs; `compiler_options` go to the train step's compile.
+    `experiments.pretrain` runs.
 
     Returns (compiled train step, compiled eval step or None, mesh, model config).
     """
@@ -311,7 +314,7 @@ def compile_steps(config, devices, *, evaluate: bool = True, compiler_options=No
     _, key = jax.eval_shape(lambda: train_state.run_keys(config.seed, config.prng_impl))
     rng = jax.ShapeDtypeStruct((), key.dtype, sharding=replicated)
     with sharding.activation_context(mesh, run.rules):
-        compiled_train = run.train_step.lower(state, batch, rng).compile(compiler_options)
+        compiled_train = run.train_step.lower(state, batch, rng).compile()
         compiled_eval = run.eval_step.lower(state.params, batch).compile() if evaluate else None
     return compiled_train, compiled_eval, mesh, run.model_config
 
@@ -326,15 +329,11 @@ def unrolled(config):
 
 def estimate_step_seconds(config, devices, compiled_train) -> float | None:
     """The compiler's estimate of one train step: from `compiled_train` when its layers are
-    unrolled and the cost model costs it, else from the step compiled again, unrolled (the
-    cost model counts a scanned body once) and with `COST_MODEL_OPTIONS`."""
-    seconds = None if config.model.scan_layers else optimal_seconds(compiled_train)
-    if seconds is None:
-        compiled_train, _, _, _ = compile_steps(
-            unrolled(config), devices, evaluate=False, compiler_options=COST_MODEL_OPTIONS
-        )
-        seconds = optimal_seconds(compiled_train)
-    return seconds
+    unrolled, else from the step compiled again unrolled (the cost model counts a scanned
+    body once)."""
+    if config.model.scan_layers:
+        compiled_train, _, _, _ = compile_steps(unrolled(config), devices, evaluate=False)
+    return optimal_seconds(compiled_train)
 
 
 def check(config, topology: str, estimate: bool = True) -> FitReport:
