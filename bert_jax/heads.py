@@ -21,6 +21,7 @@ from bert_jax.model import (
     constrain,
     dense,
     layer_norm,
+    matmul,
     zeros_init,
 )
 
@@ -42,12 +43,8 @@ class MaskedLMHead(nn.Module):
         h = activation(cfg)(h)
         h = layer_norm(cfg, "layer_norm")(h)
         bias = self.param("output_bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
-        logits = jnp.einsum(
-            "bph,vh->bpv",
-            h.astype(cfg.dtype),
-            word_table.astype(cfg.dtype),
-            preferred_element_type=jnp.float32,
-        )  # (B, P, V)
+        # (B, P, H) @ (H, V): the tied table's gradient stays f32 (`model.matmul`).
+        logits = matmul(h, word_table.T, 1, cfg.dtype)  # (B, P, V)
         return constrain(logits + bias, ("batch", "length", "vocab"))
 
 

@@ -98,14 +98,57 @@ class Dense(nn.Module):
         kernel = self.param("kernel", weight_init(cfg, self.names), kernel_shape, cfg.param_dtype)
         out_names = self.names[self.contract :]
         bias = self.param("bias", zeros_init(out_names), self.features, cfg.param_dtype)
-        x_axes = tuple(range(x.ndim - self.contract, x.ndim))
-        y = jax.lax.dot_general(
-            x.astype(cfg.dtype),
-            kernel.astype(cfg.dtype),
-            ((x_axes, tuple(range(self.contract))), ((), ())),
-            preferred_element_type=jnp.float32,
-        )
-        return y + bias.astype(jnp.float32)
+        return matmul(x, kernel, self.contract, cfg.dtype) + bias.astype(jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def matmul(x: jax.Array, kernel: jax.Array, contract: int, dtype) -> jax.Array:
+    """x (..., *K) @ kernel (*K, *F) -> (..., *F) over the `contract` K axes: both inputs
+    cast to `dtype`, the products accumulated and returned in f32.
+
+    The backward pass is the one jax derives, with one difference: the kernel's gradient
+    stays in f32 as the matmul accumulated it. jax would round it to `dtype` (the cast
+    copy's type) and back, and XLA then sums the gradients over the devices in bf16 before
+    converting (the TPU compiler did so for every BERT-Large kernel). Here the cross-device
+    sum is in f32, as google-research/bert's and every mixed-precision recipe's.
+    """
+    return _matmul_forward(x, kernel, contract, dtype)[0]
+
+
+def _matmul_forward(x, kernel, contract, dtype):
+    x_c, kernel_c = x.astype(dtype), kernel.astype(dtype)
+    x_axes = tuple(range(x.ndim - contract, x.ndim))
+    y = jax.lax.dot_general(
+        x_c,
+        kernel_c,
+        ((x_axes, tuple(range(contract))), ((), ())),
+        preferred_element_type=jnp.float32,
+    )
+    # Residuals are arrays only: two scalars carry the dtypes the gradients go back in.
+    return y, (x_c, kernel_c, jnp.zeros((), x.dtype), jnp.zeros((), kernel.dtype))
+
+
+def _matmul_backward(contract, dtype, saved, g):
+    x_c, kernel_c, x_type, kernel_type = saved
+    lead = x_c.ndim - contract  # the batch-like axes of x, and of g before its F axes
+    features = kernel_c.ndim - contract
+    # dx: g (..., *F) . kernel (*K, *F) over F -> (..., *K), as jax's own transpose.
+    g_axes = tuple(range(g.ndim - features, g.ndim))
+    k_axes = tuple(range(contract, kernel_c.ndim))
+    dx = jax.lax.dot_general(
+        g, kernel_c, ((g_axes, k_axes), ((), ())), preferred_element_type=jnp.float32
+    )
+    # dkernel: x (..., *K) . g (..., *F) over the leading axes -> (*K, *F), left in f32.
+    dkernel = jax.lax.dot_general(
+        x_c,
+        g,
+        ((tuple(range(lead)), tuple(range(lead))), ((), ())),
+        preferred_element_type=jnp.float32,
+    )
+    return dx.astype(x_type.dtype), dkernel.astype(kernel_type.dtype)
+
+
+matmul.defvjp(_matmul_forward, _matmul_backward)
 
 
 def dense(config: BertConfig, features, names: tuple[str | None, ...], name: str, axis=-1):

@@ -132,3 +132,51 @@ def global_batch(
         k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
         for k, v in local_batch.items()
     }
+
+
+# --- the sharded weight update --------------------------------------------------------------
+
+
+def data_parallel_axes(mesh: Mesh, rules=DEFAULT_RULES) -> tuple[str, ...]:
+    """The mesh axes the `batch` rule splits the examples over (size > 1): the devices that
+    hold the same weights and different examples."""
+    axes = dict(rules).get("batch")
+    named = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    return tuple(a for a in named if mesh.shape[a] > 1)
+
+
+def update_sharding(
+    shape: Sequence[int], compute: NamedSharding, rules=DEFAULT_RULES
+) -> NamedSharding:
+    """Where one leaf of the train state lives under the sharded weight update.
+
+    The leaf keeps its compute sharding (`compute`, from the rule table) and is split, in
+    addition, over the data-parallel axes it is not split over yet, along its largest
+    dimension that divides evenly (Xu et al. 2020's weight-update sharding; MaxText's
+    `shard_optimizer_over_data`). A leaf no dimension of which divides (a scalar, a small
+    bias) stays replicated over those axes.
+    """
+    mesh = compute.mesh
+    spec = list(compute.spec) + [None] * (len(shape) - len(compute.spec))
+
+    def named(entry) -> tuple[str, ...]:
+        return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+    used = {a for entry in spec for a in named(entry)}
+    free = tuple(a for a in data_parallel_axes(mesh, rules) if a not in used)
+    ways = math.prod(mesh.shape[a] for a in free)
+    if ways == 1:
+        return compute
+    for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
+        split = math.prod(mesh.shape[a] for a in named(spec[dim]))
+        if shape[dim] % (split * ways) == 0:
+            spec[dim] = named(spec[dim]) + free
+            return NamedSharding(mesh, PartitionSpec(*spec))
+    return compute
+
+
+def update_shardings(abstract: Any, compute_shardings: Any, rules=DEFAULT_RULES) -> Any:
+    """`update_sharding` of every leaf of an (unboxed, abstract) tree."""
+    return jax.tree.map(
+        lambda x, s: update_sharding(x.shape, s, rules), abstract, compute_shardings
+    )

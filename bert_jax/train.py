@@ -47,6 +47,8 @@ from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import pretraining_loss
 from bert_jax.train_state import (
     TrainState,
+    UpdateLayout,
+    gather_params,
     make_step,
     nonfinite,
     run_keys,
@@ -177,8 +179,11 @@ def train_loss(params, batch, dropout_rng, *, model) -> tuple[jax.Array, dict[st
     return pretraining_loss(outputs, batch)
 
 
-def eval_step(params, batch, *, model):
-    """Held-out metrics of one batch (no dropout)."""
+def eval_step(params, batch, *, model, layout=None):
+    """Held-out metrics of one batch (no dropout); params stored split by the sharded weight
+    update are first gathered (`layout`)."""
+    if layout is not None:
+        params = gather_params(params, layout)
     _, step_metrics = pretraining_loss(_apply(model, params, batch), batch)
     return step_metrics
 
@@ -192,20 +197,22 @@ def jit_steps(
     accum_steps: int = 1,
     rules=sharding.DEFAULT_RULES,
     batch_keys=records.BATCH,
+    layout: UpdateLayout | None = None,
 ):
     """The jitted train and eval steps with explicit in/out shardings, for batches of
-    `batch_keys` (`records.PACKED_BATCH` for packed batches)."""
+    `batch_keys` (`records.PACKED_BATCH` for packed batches); `layout` for a state stored
+    with the sharded weight update (`make_step`)."""
     replicated = NamedSharding(mesh, PartitionSpec())
     data = sharding.batch_sharding(mesh, rules)
     batch_shardings = {k: data for k in batch_keys}
     step = jax.jit(
-        make_step(functools.partial(train_loss, model=model), tx, schedule, accum_steps),
+        make_step(functools.partial(train_loss, model=model), tx, schedule, accum_steps, layout),
         in_shardings=(shardings, batch_shardings, replicated),
         out_shardings=(shardings, replicated),
         donate_argnums=0,
     )
     evaluate = jax.jit(
-        functools.partial(eval_step, model=model),
+        functools.partial(eval_step, model=model, layout=layout),
         in_shardings=(shardings.params, batch_shardings),
         out_shardings=replicated,
     )
@@ -224,6 +231,7 @@ class Setup(NamedTuple):
     train_step: Any  # jitted (state, batch, rng) -> (state, metrics), state donated
     eval_step: Any  # jitted (params, batch) -> metrics
     rules: tuple  # the logical-axis rule table (`config.sharding_rules`)
+    layout: UpdateLayout | None  # the params' two placements, with `shard_weight_update`
 
 
 def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None) -> Setup:
@@ -243,10 +251,15 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
     # the init closure would keep alive on device 0 for the whole run.
     inputs = init_inputs(example_batch(1, data.max_seq_length, data.max_predictions_per_seq))
     rules = sharding.rules_of(config)
-    abstract_state, shardings = state_shardings(model, tx, mesh, inputs, rules)
+    shard_update = config.get("shard_weight_update", False)
+    abstract_state, shardings = state_shardings(model, tx, mesh, inputs, rules, shard_update)
+    layout = None
+    if shard_update:
+        _, unsplit = state_shardings(model, tx, mesh, inputs, rules)
+        layout = UpdateLayout(unsplit.params, shardings.params)
     keys = records.BATCH if max_instances_per_row(config) is None else records.PACKED_BATCH
-    step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum, rules, keys)
-    return Setup(cfg, model, tx, inputs, abstract_state, shardings, step_fn, eval_fn, rules)
+    step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum, rules, keys, layout)
+    return Setup(cfg, model, tx, inputs, abstract_state, shardings, step_fn, eval_fn, rules, layout)
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -386,11 +399,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if state is None and config.init_from:
         params = _load_init_params(config.init_from, run.model, run.abstract_state.params, init_rng)
         state, _ = sharded_state(
-            run.model, run.tx, mesh, run.inputs, params=params, rules=run.rules
+            run.model,
+            run.tx,
+            mesh,
+            run.inputs,
+            params=params,
+            rules=run.rules,
+            shard_update=run.layout is not None,
         )
         source = f"init_from {config.init_from} (params only)"
     elif state is None:
-        state, _ = sharded_state(run.model, run.tx, mesh, run.inputs, rng=init_rng, rules=run.rules)
+        state, _ = sharded_state(
+            run.model,
+            run.tx,
+            mesh,
+            run.inputs,
+            rng=init_rng,
+            rules=run.rules,
+            shard_update=run.layout is not None,
+        )
         source = "scratch"
     logging.info("train state from %s; mesh %s", source, dict(mesh.shape))
 

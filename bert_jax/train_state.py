@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax
 import flax.linen as nn
@@ -72,15 +72,22 @@ def state_shardings(
     mesh: jax.sharding.Mesh,
     inputs: Sequence[jax.Array],
     rules=sharding.DEFAULT_RULES,
+    shard_update: bool = False,
 ) -> tuple[TrainState, TrainState]:
     """(abstract unboxed state, its shardings) without allocating anything.
 
     Args:
         inputs: example positional inputs of `model` (one example will do: the params'
             shapes do not depend on the batch).
+        shard_update: store the params and optimizer state split over the data-parallel
+            devices as well (`sharding.update_sharding`); the step then gathers the params
+            to the shardings it returns without (`make_step`'s `layout`).
     """
     abstract = jax.eval_shape(functools.partial(_boxed_state, model, tx, inputs), jax.random.key(0))
-    return nn.unbox(abstract), nn.unbox(sharding.shardings_of(abstract, mesh, rules))
+    unboxed, shardings = nn.unbox(abstract), nn.unbox(sharding.shardings_of(abstract, mesh, rules))
+    if shard_update:
+        shardings = sharding.update_shardings(unboxed, shardings, rules)
+    return unboxed, shardings
 
 
 def sharded_state(
@@ -92,6 +99,7 @@ def sharded_state(
     rng: jax.Array | None = None,
     params: Any = None,
     rules=sharding.DEFAULT_RULES,
+    shard_update: bool = False,
 ) -> tuple[TrainState, TrainState]:
     """(a train state at step 0 born sharded on `mesh`, its shardings).
 
@@ -101,13 +109,14 @@ def sharded_state(
         params: the params to start from instead (host or device arrays in the model's
             structure, e.g. a pretrained encoder under a fresh head). They are copied, never
             donated: the caller's arrays stay valid (a second run can start from them).
+        shard_update: born in the sharded weight update's layout (`state_shardings`).
 
     The optimizer state is fresh. A frozen model (a distillation teacher) is placed with
     `optax.identity()`: its params are sharded exactly as a trained model's would be.
     """
     if (rng is None) == (params is None):
         raise ValueError("sharded_state takes one of rng and params")
-    _, shardings = state_shardings(model, tx, mesh, inputs, rules)
+    _, shardings = state_shardings(model, tx, mesh, inputs, rules, shard_update)
     if rng is not None:
         # No ambient mesh here: flax would then constrain DenseGeneral's flat (pre-reshape)
         # kernels with the full-rank names; `out_shardings` already places every leaf.
@@ -130,6 +139,23 @@ def sharded_state(
     return init(jax.device_put(params, shardings.params)), shardings
 
 
+class UpdateLayout(NamedTuple):
+    """The params' two placements under the sharded weight update."""
+
+    compute: Any  # shardings the forward and backward passes read them in (the rule table's)
+    update: Any  # shardings they are stored, updated and checkpointed in (split over data)
+
+
+def gather_params(params: Any, layout: UpdateLayout) -> Any:
+    """`params` as the forward and backward passes read them: gathered to `layout.compute`.
+
+    They are gathered as stored (f32); the model casts its matmul kernels to the compute
+    dtype, and XLA moves that cast before the gather where it pays (the TPU compiler
+    gathers BERT's kernels in bf16). Their gradients stay f32 (`bert_jax.model.matmul`).
+    """
+    return jax.lax.with_sharding_constraint(params, layout.compute)
+
+
 def global_norm(tree) -> jax.Array:
     return optax.tree_utils.tree_norm(tree)
 
@@ -139,6 +165,7 @@ def make_step(
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
     accum_steps: int = 1,
+    layout: UpdateLayout | None = None,
 ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
     """The pure train step of `loss_fn`: `(state, batch, rng, *args) -> (state, metrics)`.
 
@@ -148,16 +175,29 @@ def make_step(
             receive a gradient).
         accum_steps: micro-batches per optimizer update (`optim.make_optimizer`'s
             accumulation): the learning rate is read at `state.step // accum_steps`.
+        layout: for a state stored with the sharded weight update (`state_shardings(
+            shard_update=True)`): the step gathers the f32 params to `layout.compute` for
+            the forward and backward passes and puts the gradients back to
+            `layout.update`, where the params live (a reduce-scatter instead of an
+            all-reduce), so the clipping, the update and the norms each run on 1/N of every
+            split leaf. The math is the replicated step's.
 
     Dropout randomness is `fold_in(rng, state.step)`, so a resumed run repeats the
     uninterrupted one exactly. The metrics are `loss_fn`'s plus the learning rate and the
     global norms of the gradients, the new params and the update (`nonfinite` checks them).
     """
 
+    def objective(params, *args):
+        if layout is None:
+            return loss_fn(params, *args)
+        return loss_fn(gather_params(params, layout), *args)
+
     def train_step(state: TrainState, batch, rng, *args):
         dropout_rng = jax.random.fold_in(rng, state.step)
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        grad_fn = jax.value_and_grad(objective, has_aux=True)
         (loss, metrics), grads = grad_fn(state.params, batch, dropout_rng, *args)
+        if layout is not None:  # summed over the devices and split: a reduce-scatter
+            grads = jax.lax.with_sharding_constraint(grads, layout.update)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss} | metrics

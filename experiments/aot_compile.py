@@ -140,14 +140,24 @@ def duration(days: float) -> str:
     return f"{hours:.1f} h" if hours < 48 else f"{days:.1f} days"
 
 
+def _costs(compiled) -> dict:
+    costs = compiled.cost_analysis()
+    if isinstance(costs, list | tuple):  # one dict per program in older jax releases
+        costs = costs[0] if costs else None
+    return costs or {}
+
+
+def bytes_accessed(compiled) -> float | None:
+    """The HBM bytes one run of `compiled` reads and writes per device, by the cost model."""
+    value = _costs(compiled).get("bytes accessed")
+    return float(value) if value else None
+
+
 def optimal_seconds(compiled) -> float | None:
     """The TPU compiler's estimate of one run of `compiled` in seconds (its cost model's
     `optimal_seconds`, with the -1 s it counts for each of `UNCOSTED_OPS` taken back out);
     None when it gives none, or a non-positive one."""
-    costs = compiled.cost_analysis()
-    if isinstance(costs, list | tuple):  # one dict per program in older jax releases
-        costs = costs[0] if costs else None
-    seconds = (costs or {}).get("optimal_seconds")
+    seconds = _costs(compiled).get("optimal_seconds")
     if seconds is None:
         return None
     if seconds < 0:
@@ -198,6 +208,9 @@ class FitReport:
     compile_seconds: float
     # The compiler's estimate of one train step (unrolled layers), s; None: no estimate.
     compiler_step_seconds: float | None = None
+    # The cost model's HBM bytes read and written per device by that step; None: unknown.
+    compiler_bytes: float | None = None
+    layout: str = ""  # what was compiled: mesh, weight update, remat, scan (`layout_of`)
 
     @property
     def compiler_mfu(self) -> float | None:
@@ -244,6 +257,7 @@ class FitReport:
             f"slice {self.topology} ({accelerator_type(self.topology)}): {self.num_devices} x "
             f"{self.device_kind} ({self.num_chips} chips), mesh {self.mesh_shape}, compiled in "
             f"{self.compile_seconds:.0f} s",
+            f"layout: {self.layout}",
             f"per-device memory     train step   eval step   (HBM {gib(self.hbm_bytes)})",
             f"  arguments        {gib(t.arguments)}  {gib(e.arguments)}",
             f"  outputs          {gib(t.outputs)}  {gib(e.outputs)}",
@@ -271,6 +285,11 @@ class FitReport:
             f"ms/step = MFU {self.compiler_mfu:.1%}, {self.steps:,} steps = {duration(days)} "
             f"({days * 24 * self.num_chips:,.0f} chip-hours)"
         )
+        if self.compiler_bytes:
+            lines.append(
+                f"  HBM traffic by the cost model: {self.compiler_bytes / 1e9:.1f} GB per device "
+                f"per step"
+            )
         if usd_per_chip_hour:
             cost = days * 24 * self.num_chips * usd_per_chip_hour
             lines.append(f"  at ${usd_per_chip_hour:.2f}/chip-hour: ${cost:,.0f}")
@@ -327,13 +346,24 @@ def unrolled(config):
     return config
 
 
-def estimate_step_seconds(config, devices, compiled_train) -> float | None:
-    """The compiler's estimate of one train step: from `compiled_train` when its layers are
-    unrolled, else from the step compiled again unrolled (the cost model counts a scanned
-    body once)."""
+def estimate_step(config, devices, compiled_train) -> tuple[float | None, float | None]:
+    """The compiler's estimate of one train step (seconds, HBM bytes per device): from
+    `compiled_train` when its layers are unrolled, else from the step compiled again
+    unrolled (the cost model counts a scanned body once)."""
     if config.model.scan_layers:
         compiled_train, _, _, _ = compile_steps(unrolled(config), devices, evaluate=False)
-    return optimal_seconds(compiled_train)
+    return optimal_seconds(compiled_train), bytes_accessed(compiled_train)
+
+
+def layout_of(config, mesh_shape: dict[str, int]) -> str:
+    """One line naming how a config lays its step out on the slice."""
+    axes = ", ".join(f"{name} {size}" for name, size in mesh_shape.items() if size > 1)
+    update = "sharded over data" if config.get("shard_weight_update", False) else "replicated"
+    layers = "scanned" if config.model.scan_layers else "unrolled"
+    return (
+        f"mesh ({axes or 'one device'}), weight update {update}, "
+        f"remat {config.model.remat_policy}, layers {layers}"
+    )
 
 
 def check(config, topology: str, estimate: bool = True) -> FitReport:
@@ -345,7 +375,9 @@ def check(config, topology: str, estimate: bool = True) -> FitReport:
     kind = devices[0].device_kind
     start = time.perf_counter()
     compiled_train, compiled_eval, mesh, cfg = compile_steps(config, devices)
-    step_seconds = estimate_step_seconds(config, devices, compiled_train) if estimate else None
+    step_seconds, traffic = (
+        estimate_step(config, devices, compiled_train) if estimate else (None, None)
+    )
     seconds = time.perf_counter() - start
     data = config.data
     return FitReport(
@@ -364,6 +396,8 @@ def check(config, topology: str, estimate: bool = True) -> FitReport:
         peak_flops_per_device=device_peak_flops(kind),
         compile_seconds=seconds,
         compiler_step_seconds=step_seconds,
+        compiler_bytes=traffic,
+        layout=layout_of(config, dict(mesh.shape)),
     )
 
 

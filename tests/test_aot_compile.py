@@ -198,6 +198,26 @@ def test_report_of_the_compilers_estimate():
     assert "19.6 ms/step" in text  # the assumed-MFU projection stays beside it
 
 
+def test_the_report_names_the_layout_it_measured_and_the_traffic():
+    from experiments.configs import bert_large_paper
+
+    config = bert_large_paper.get_config("phase1")
+    mesh = {"data": 128, "fsdp": 1, "tensor": 1}
+    assert aot_compile.layout_of(config, mesh) == (
+        "mesh (data 128), weight update replicated, remat none, layers scanned"
+    )
+    config.shard_weight_update = True
+    config.mesh_shape = (16, 8, 1)
+    assert aot_compile.layout_of(config, {"data": 16, "fsdp": 8, "tensor": 1}) == (
+        "mesh (data 16, fsdp 8), weight update sharded over data, remat none, layers scanned"
+    )
+    report = _report(7 * GiB, step_seconds=0.0287)
+    report.layout, report.compiler_bytes = aot_compile.layout_of(config, mesh), 12.2e9
+    text = report.format(mfu=0.4)
+    assert "layout: mesh (data 128), weight update sharded over data" in text
+    assert "HBM traffic by the cost model: 12.2 GB per device per step" in text
+
+
 # --- real compiles for TPU slices (libtpu) ------------------------------------------------
 
 
@@ -251,6 +271,60 @@ def test_tiny_config_compiles_for_a_v4_slice_and_fits():
     # BERT-tiny's f32 state (params + 2 Adam moments, ~4.4M params) is ~53 MB replicated.
     arguments = float(re.search(r"arguments\s+([\d.]+) GiB", out).group(1))
     assert 0.03 < arguments < 0.1
+
+
+@needs_libtpu
+def test_the_sharded_weight_update_holds_an_eighth_of_the_state_on_a_v3_slice():
+    common = ("--config=experiments/configs/bert_tiny_cpu.py", "--topology=v3:2x2")
+    replicated, split = _aot(*common), _aot(*common, "--config.shard_weight_update=True")
+    arguments = {}
+    for name, result in {"replicated": replicated, "sharded over data": split}.items():
+        assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+        assert f"weight update {name}" in result.stdout
+        found = re.search(r"arguments\s+([\d.]+) GiB", result.stdout)
+        arguments[name] = float(found.group(1))
+        _estimate(result.stdout, devices=8, peak_flops=61.5e12)
+    # BERT-tiny's f32 state (~53 MB = 0.05 GiB) over 8 cores: 1/8 each (6.6 MB), the batch
+    # beside it; the report rounds to 0.01 GiB.
+    assert arguments["replicated"] >= 0.04
+    assert arguments["sharded over data"] <= 0.01
+
+
+# The TPU compiler summed every BERT-Large kernel's gradient in bf16 when jax's backward
+# pass rounded it to the cast kernel's type (`bert_jax.model.matmul` keeps it f32): here is
+# what the compiled program for a TPU slice reduces, with bf16 matmuls.
+_TPU_REDUCTIONS = """
+import math, os, re
+os.environ["JAX_PLATFORMS"] = "cpu"; os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+from experiments import aot_compile
+from experiments.configs import bert_tiny_cpu
+config = bert_tiny_cpu.get_config()
+config.model.dtype = "bfloat16"
+config.shard_weight_update = SHARD
+train, _, _, _ = aot_compile.compile_steps(config, aot_compile.slice_devices("v3:2x2"))
+for line in train.as_text().splitlines():
+    found = re.search(r" = (.*?) (?:all-reduce|reduce-scatter)(?:-start)?\\(", line)
+    for dtype, dims in re.findall(r"([a-z0-9]+)\\[([0-9,]*)\\]", found.group(1) if found else ""):
+        print(dtype, math.prod(int(d) for d in dims.split(",") if d))
+"""
+
+
+@needs_libtpu
+@pytest.mark.parametrize("shard", [False, True], ids=["replicated", "sharded"])
+def test_a_tpu_slice_sums_the_gradients_in_float32(shard):
+    result = subprocess.run(
+        [sys.executable, "-c", _TPU_REDUCTIONS.replace("SHARD", str(shard))],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summed = [line.split() for line in result.stdout.splitlines()]
+    # Every weight is summed over the 8 cores (4.4M params, in BERT-tiny's vocab embedding
+    # and kernels), and nothing in a 16-bit type.
+    assert sum(int(n) for dtype, n in summed if dtype == "f32") > 4_000_000
+    assert not [n for dtype, n in summed if dtype in ("bf16", "f16")], summed
 
 
 @pytest.mark.parametrize("pack", [False, True])

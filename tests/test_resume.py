@@ -364,3 +364,47 @@ def test_each_prng_impl_resumes_bit_for_bit(impl, tmp_path, data_dir, straight_r
             np.asarray(leaf), np.asarray(ref_leaf), err_msg=jax.tree_util.keystr(path)
         )
     assert _log(tmp_path) == _log(reference)
+
+
+# --- the sharded weight update resumes exactly, and a checkpoint changes layout -----------
+
+
+def _split_config(data_dir, shard: bool, stop_at_step=None):
+    config = _tiny_config(data_dir, "threefry2x32", stop_at_step)
+    config.mesh_shape = (8, 1, 1)  # 8-way data parallel: the update split 8 ways
+    config.shard_weight_update = shard
+    return config
+
+
+def test_the_sharded_weight_update_resumes_bit_for_bit_and_from_a_replicated_run(
+    tmp_path, data_dir
+):
+    from bert_jax import train
+
+    straight = tmp_path / "straight"
+    train.train_and_evaluate(_split_config(data_dir, True), str(straight))
+    # Steps 1-2 with the update sharded, then a new call restores and runs 3-4: bit for bit.
+    resumed = tmp_path / "resumed"
+    train.train_and_evaluate(_split_config(data_dir, True, stop_at_step=PRNG_STOP), str(resumed))
+    train.train_and_evaluate(_split_config(data_dir, True), str(resumed))
+    # Steps 1-2 replicated, steps 3-4 resumed with the update sharded: the state changes
+    # layout on restore and the run goes on (equal to float32 rounding, not bit for bit:
+    # an all-reduce and a reduce-scatter sum in different orders).
+    switched = tmp_path / "switched"
+    train.train_and_evaluate(_split_config(data_dir, False, stop_at_step=PRNG_STOP), str(switched))
+    train.train_and_evaluate(_split_config(data_dir, True), str(switched))
+    reference, ref_positions = _restore(straight)
+    for workdir, exact in ((resumed, True), (switched, False)):
+        state, positions = _restore(workdir)
+        assert positions == ref_positions and int(state["step"]) == PRNG_STEPS
+        for (path, leaf), ref_leaf in zip(
+            jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(reference), strict=True
+        ):
+            where = f"{workdir.name}: {jax.tree_util.keystr(path)}"
+            if exact:
+                np.testing.assert_array_equal(np.asarray(leaf), np.asarray(ref_leaf), where)
+            else:
+                np.testing.assert_allclose(
+                    np.asarray(leaf), np.asarray(ref_leaf), rtol=1e-5, atol=1e-6, err_msg=where
+                )
+    assert _log(resumed) == _log(straight)

@@ -75,6 +75,11 @@ def get_config() -> ml_collections.ConfigDict:
     # fsdp, the weights' embed over fsdp, heads/mlp/vocab over tensor). A list of pairs in
     # its form changes what each mesh axis splits, e.g. [("batch", "data"), ("mlp", "tensor")].
     config.sharding_rules = None
+    # Sharded weight update (Xu et al. 2020): the f32 params and optimizer moments are stored
+    # split over the data-parallel devices, gathered for the passes, the gradients
+    # reduce-scattered, each device updating 1/N of the weights. Same math, less memory
+    # and far less per-update HBM traffic per device (docs/tpu.md).
+    config.shard_weight_update = False
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "adamw"  # the original BERT AdamW ("lamb" for huge batches)

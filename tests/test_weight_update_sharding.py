@@ -1,0 +1,262 @@
+"""The sharded weight update (`config.shard_weight_update`): where each leaf lives, that the
+math is the replicated step's, what the compiled program reduces and holds, and that
+checkpoints move between the layouts (8 fake CPU devices)."""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+import synthetic_pretraining as synth
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from bert_jax import checkpointing, sharding, train
+from bert_jax.train_state import run_keys, sharded_state
+from experiments.configs import bert_tiny_cpu
+
+# --- where each leaf lives -----------------------------------------------------------------
+
+
+def _placed(mesh_shape, shape, spec):
+    mesh = sharding.create_mesh(mesh_shape)
+    return sharding.update_sharding(shape, NamedSharding(mesh, spec)).spec
+
+
+def test_each_leaf_is_split_over_data_along_its_largest_dimension_that_divides():
+    # BERT-Large's word embeddings on 128-way data parallelism: 30522 rows do not divide by
+    # 128 (here 8 stands for it with 30522 = 2 x 15261), the 1024 columns do.
+    assert _placed((8, 1, 1), (30522, 1024), P("tensor", "fsdp")) == P("tensor", ("fsdp", "data"))
+    assert _placed((8, 1, 1), (1024, 4096), P("fsdp", "tensor")) == P("fsdp", ("tensor", "data"))
+    assert _placed((8, 1, 1), (1024,), P("fsdp")) == P(("fsdp", "data"))
+    # A dimension already split (fsdp 2) must divide by both: 2 x 4 ways.
+    assert _placed((4, 2, 1), (24, 8), P(None, "fsdp")) == P("data", "fsdp")
+    assert _placed((4, 2, 1), (6, 8), P(None, "fsdp")) == P(None, ("fsdp", "data"))
+
+
+def test_leaves_nothing_divides_and_meshes_without_data_parallelism_stay_as_they_were():
+    assert _placed((8, 1, 1), (), P()) == P()  # the step counter
+    assert _placed((8, 1, 1), (2,), P(None)) == P(None)  # the NSP bias
+    assert _placed((8, 1, 1), (3, 5), P(None, None)) == P(None, None)
+    assert _placed((1, 8, 1), (64, 64), P("fsdp", None)) == P("fsdp", None)  # fsdp holds it
+    assert _placed((1, 1, 8), (64, 64), P(None, "tensor")) == P(None, "tensor")
+
+
+def test_the_data_parallel_axes_are_the_batch_rules():
+    mesh = sharding.create_mesh((2, 4, 1))
+    assert sharding.data_parallel_axes(mesh) == ("data", "fsdp")
+    assert sharding.data_parallel_axes(mesh, (("batch", "data"),)) == ("data",)
+    assert sharding.data_parallel_axes(sharding.create_mesh((1, 1, 8))) == ()
+
+
+# --- the math is the replicated step's ------------------------------------------------------
+
+STEPS = 5
+
+
+def _config(optimizer: str, shard: bool, dtype: str = "float32") -> ml_collections.ConfigDict:
+    """bert_tiny_cpu.py at the synthetic records' shapes (synth.TINY: every weight dimension
+    divides by 8), a fast-warming `optimizer`, the update sharded or not."""
+    config = bert_tiny_cpu.get_config()
+    config.model.update(
+        num_hidden_layers=synth.TINY.num_hidden_layers,
+        hidden_size=synth.TINY.hidden_size,
+        num_attention_heads=synth.TINY.num_attention_heads,
+        intermediate_size=synth.TINY.intermediate_size,
+        vocab_size=synth.TINY.vocab_size,
+        dtype=dtype,
+    )
+    config.data.max_seq_length = synth.SEQ_LEN
+    config.data.max_predictions_per_seq = synth.PREDICTIONS
+    config.optimizer.update(name=optimizer, learning_rate=5e-3, warmup_steps=3)
+    config.num_train_steps = 20
+    config.shard_weight_update = shard
+    return config
+
+
+@functools.cache
+def _trajectory(optimizer: str, shard: bool, mesh_shape=(8, 1, 1)):
+    """(losses, params after step 1, params after STEPS, the final state's shardings)."""
+    config = _config(optimizer, shard)
+    mesh = sharding.create_mesh(mesh_shape, jax.devices()[: np.prod(mesh_shape)])
+    run = train.setup(config, mesh, config.model.vocab_size)
+    state, shardings = sharded_state(
+        run.model, run.tx, mesh, run.inputs, rng=jax.random.key(0), shard_update=shard
+    )
+    losses, first = [], None
+    with sharding.activation_context(mesh, run.rules):
+        for step in range(STEPS):
+            batch = sharding.global_batch(synth.random_batch(8, seed=step), mesh, run.rules)
+            state, metrics = run.train_step(state, batch, run_keys(0)[1])
+            losses.append(float(metrics["loss"]))
+            if step == 0:
+                first = jax.tree.map(np.asarray, state.params)
+    placed = jax.tree.map(lambda x: x.sharding, state)
+    return np.array(losses), first, jax.tree.map(np.asarray, state.params), placed, shardings
+
+
+def _max_difference(a, b) -> float:
+    return max(
+        float(np.max(np.abs(x - y)))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_bias_corrected", "lamb"])
+def test_the_sharded_update_equals_the_replicated_run_step_for_step(optimizer):
+    losses, first, final, placed, _ = _trajectory(optimizer, shard=True)
+    ref_losses, ref_first, ref_final, ref_placed, _ = _trajectory(optimizer, shard=False)
+    assert losses[-1] < losses[0]  # it trains
+    # The state really is split: the moments and params of the intermediate kernel hold 1/8.
+    kernel = ("bert", "encoder", "layer_1", "intermediate", "kernel")
+    split = functools.reduce(lambda t, k: t[k], kernel, placed.params)
+    assert split.shard_shape((64, 256)) == (64, 32)
+    assert functools.reduce(lambda t, k: t[k], kernel, ref_placed.params).shard_shape(
+        (64, 256)
+    ) == (64, 256)
+    # Step 1 is the same computation: identical gradients, clipping norm, trust ratios (LAMB:
+    # a norm taken per shard would change each split leaf's update by up to sqrt(8)), update.
+    for (path, leaf), ref in zip(
+        jax.tree_util.tree_leaves_with_path(first), jax.tree.leaves(ref_first), strict=True
+    ):
+        np.testing.assert_array_equal(leaf, ref, err_msg=jax.tree_util.keystr(path))
+    # Later steps: the f32 gradient sums are rounded in another order (a reduce-scatter's,
+    # not an all-reduce's), and Adam normalises each element: a vocab row whose gradient is
+    # a near-cancelling sum of softmax mass moves by up to ~1e-3 of a learning-rate step
+    # (5e-3) when its sum is rounded otherwise. The same rounding separates the replicated
+    # 8-device run from the 1-device run; the sharded run may differ from the replicated one
+    # by no more than that, with a 2x margin (float32 ulps).
+    _, _, one_device, _, _ = _trajectory(optimizer, shard=False, mesh_shape=(1, 1, 1))
+    rounding = max(_max_difference(ref_final, one_device), 2e-7)
+    assert _max_difference(final, ref_final) <= 2 * rounding
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)  # 1 f32 ulp of a loss ~11
+
+
+# --- what the compiled program reduces and holds ---------------------------------------------
+
+
+def _compiled_step(shard: bool):
+    """The train step of `_config` with bf16 matmuls (the TPU configs'), compiled for 8
+    devices; returns (compiled, abstract state, its shardings)."""
+    config = _config("adamw", shard, dtype="bfloat16")
+    mesh = sharding.create_mesh((8, 1, 1))
+    run = train.setup(config, mesh, config.model.vocab_size)
+    state = checkpointing.abstract_like(run.abstract_state, run.shardings)
+    shapes = jax.eval_shape(lambda: train.example_batch(8, synth.SEQ_LEN, synth.PREDICTIONS))
+    data = sharding.batch_sharding(mesh, run.rules)
+    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=data), shapes)
+    replicated = NamedSharding(mesh, P())
+    rng = jax.ShapeDtypeStruct((), run_keys(0)[1].dtype, sharding=replicated)
+    with sharding.activation_context(mesh, run.rules):
+        compiled = run.train_step.lower(state, batch, rng).compile()
+    return compiled, state, run.shardings
+
+
+# `%name = f32[64,256]{1,0} all-reduce(...`, or a tuple `(f32[64]{0}, /*index=5*/bf16[..]..)`.
+_COLLECTIVE = re.compile(r" = (.*?) (?:all-reduce|reduce-scatter)(?:-start)?\(")
+
+
+def _reductions(compiled) -> list[tuple[str, int]]:
+    """(dtype, elements) of every array an all-reduce or reduce-scatter sums."""
+    out = []
+    for line in compiled.as_text().splitlines():
+        match = _COLLECTIVE.search(line)
+        for dtype, dims in re.findall(r"([a-z0-9]+)\[([0-9,]*)\]", match.group(1) if match else ""):
+            out.append((dtype, int(np.prod([int(d) for d in dims.split(",") if d]))))
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled_steps():
+    return {shard: _compiled_step(shard) for shard in (False, True)}
+
+
+@pytest.mark.parametrize("shard", [False, True], ids=["replicated", "sharded"])
+def test_gradients_are_reduced_in_float32_under_bf16_matmuls(compiled_steps, shard):
+    compiled, _, _ = compiled_steps[shard]
+    reductions = _reductions(compiled)
+    # Every gradient is summed over the devices: at least one weight matrix's worth of
+    # elements goes through the reductions, and no reduction is in a 16-bit type.
+    assert sum(n for _, n in reductions) >= 64 * 256
+    assert {dtype for dtype, _ in reductions} <= {"f32", "s32", "u32", "pred"}, reductions
+
+
+def _bytes_per_device(tree, shardings) -> int:
+    return sum(
+        int(np.prod(s.shard_shape(x.shape))) * x.dtype.itemsize
+        for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings), strict=True)
+    )
+
+
+def test_each_device_holds_one_eighth_of_the_moments_and_params(compiled_steps):
+    sizes = {}
+    for shard, (compiled, state, shardings) in compiled_steps.items():
+        moments = _bytes_per_device(state.opt_state, shardings.opt_state)
+        held = _bytes_per_device(state, shardings)
+        # The compiled step's own accounting: its arguments are the state and the batch.
+        arguments = compiled.memory_analysis().argument_size_in_bytes
+        assert held <= arguments <= held + 64 * 1024, (shard, held, arguments)
+        sizes[shard] = moments, arguments
+    (total, arguments_rep), (moments_split, arguments_split) = sizes[False], sizes[True]
+    assert total == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.opt_state))
+    # 1/8 each, but for the leaves no dimension of which divides by 8 (the NSP bias, the
+    # step counters): a few hundred bytes.
+    assert total / 8 <= moments_split <= total / 8 + 1024
+    assert arguments_split < arguments_rep / 7
+
+
+# --- checkpoints move between layouts ---------------------------------------------------------
+
+LAYOUTS = {  # name: (mesh shape, shard_weight_update)
+    "replicated": ((8, 1, 1), False),
+    "sharded_update": ((8, 1, 1), True),
+    "fsdp": ((1, 8, 1), False),
+}
+
+
+def _layout_state(name: str):
+    config = _config("adamw", LAYOUTS[name][1])
+    config.model.num_hidden_layers = 1
+    mesh = sharding.create_mesh(LAYOUTS[name][0])
+    run = train.setup(config, mesh, config.model.vocab_size)
+    return run, mesh
+
+
+@pytest.mark.parametrize("source", LAYOUTS)
+def test_a_checkpoint_restores_into_every_other_layout(tmp_path, source):
+    run, mesh = _layout_state(source)
+    state, shardings = sharded_state(
+        run.model, run.tx, mesh, run.inputs, rng=jax.random.key(0), shard_update=LAYOUTS[source][1]
+    )
+    # Distinct leaves (zero moments would compare trivially), in the source's layout.
+    state = jax.jit(
+        lambda s: jax.tree.map(
+            lambda x: x + 0.25 if jnp.issubdtype(x.dtype, jnp.floating) else x, s
+        ),
+        out_shardings=shardings,
+    )(state)
+    saved = jax.tree.map(np.asarray, state)
+    manager = checkpointing.make_manager(str(tmp_path / "checkpoints"), async_save=False)
+    assert checkpointing.save(manager, 3, state, [{}], {})
+    manager.close()
+    for target in LAYOUTS:
+        target_run, _ = _layout_state(target)
+        manager = checkpointing.make_manager(str(tmp_path / "checkpoints"), async_save=False)
+        restored, _, _ = checkpointing.restore(
+            manager,
+            None,
+            checkpointing.abstract_like(target_run.abstract_state, target_run.shardings),
+        )
+        manager.close()
+        for (path, leaf), want, placement in zip(
+            jax.tree_util.tree_leaves_with_path(restored),
+            jax.tree.leaves(saved),
+            jax.tree.leaves(target_run.shardings),
+            strict=True,
+        ):
+            where = f"{source} -> {target}: {jax.tree_util.keystr(path)}"
+            assert leaf.sharding == placement, where
+            np.testing.assert_array_equal(np.asarray(leaf), want, err_msg=where)
