@@ -396,29 +396,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     # in config.prng_impl). Neither is stored: a resumed run derives the same keys again.
     init_rng, dropout_rng = run_keys(config.seed, config.prng_impl)
     state, position, source = _restore(config, workdir, run.abstract_state, shardings)
-    if state is None and config.init_from:
-        params = _load_init_params(config.init_from, run.model, run.abstract_state.params, init_rng)
-        state, _ = sharded_state(
+    if state is None:
+        # A fresh state in the run's layout: params from `init_from`, else initialised.
+        born = functools.partial(
+            sharded_state,
             run.model,
             run.tx,
             mesh,
             run.inputs,
-            params=params,
             rules=run.rules,
             shard_update=run.layout is not None,
         )
-        source = f"init_from {config.init_from} (params only)"
-    elif state is None:
-        state, _ = sharded_state(
-            run.model,
-            run.tx,
-            mesh,
-            run.inputs,
-            rng=init_rng,
-            rules=run.rules,
-            shard_update=run.layout is not None,
-        )
-        source = "scratch"
+        if config.init_from:
+            abstract_params = run.abstract_state.params
+            state, _ = born(
+                params=_load_init_params(config.init_from, run.model, abstract_params, init_rng)
+            )
+            source = f"init_from {config.init_from} (params only)"
+        else:
+            state, _ = born(rng=init_rng)
+            source = "scratch"
     logging.info("train state from %s; mesh %s", source, dict(mesh.shape))
 
     mask_config = _masking_config(config, tokenizer)

@@ -211,6 +211,7 @@ class FitReport:
     # The cost model's HBM bytes read and written per device by that step; None: unknown.
     compiler_bytes: float | None = None
     layout: str = ""  # what was compiled: mesh, weight update, remat, scan (`layout_of`)
+    estimated: bool = True  # whether the compiler's estimate was asked for
 
     @property
     def compiler_mfu(self) -> float | None:
@@ -277,7 +278,8 @@ class FitReport:
             cost = self.days(mfu) * 24 * self.num_chips * usd_per_chip_hour
             lines.append(f"  at ${usd_per_chip_hour:.2f}/chip-hour: ${cost:,.0f}")
         if self.compiler_step_seconds is None:
-            lines.append("compiler's estimate: none (the cost model gave no optimal_seconds)")
+            why = "the cost model gave no optimal_seconds" if self.estimated else "--noestimate"
+            lines.append(f"compiler's estimate: none ({why})")
             return "\n".join(lines)
         days = self.compiler_days
         lines.append(
@@ -398,6 +400,7 @@ def check(config, topology: str, estimate: bool = True) -> FitReport:
         compiler_step_seconds=step_seconds,
         compiler_bytes=traffic,
         layout=layout_of(config, dict(mesh.shape)),
+        estimated=estimate,
     )
 
 

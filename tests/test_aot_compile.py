@@ -180,7 +180,10 @@ def test_report_projection_and_cost():
     assert "19.6 ms/step" in text
     assert "900,000 steps = 4.9 h" in text
     assert "$626" in text
-    assert "compiler's estimate: none" in text
+    assert "compiler's estimate: none (the cost model gave no optimal_seconds)" in text
+    report = _report(7 * GiB)
+    report.estimated = False
+    assert "compiler's estimate: none (--noestimate)" in report.format(mfu=0.4)
 
 
 def test_report_of_the_compilers_estimate():
@@ -202,6 +205,7 @@ def test_the_report_names_the_layout_it_measured_and_the_traffic():
     from experiments.configs import bert_large_paper
 
     config = bert_large_paper.get_config("phase1")
+    config.shard_weight_update = False
     mesh = {"data": 128, "fsdp": 1, "tensor": 1}
     assert aot_compile.layout_of(config, mesh) == (
         "mesh (data 128), weight update replicated, remat none, layers scanned"

@@ -102,8 +102,12 @@ def test_the_slice_comes_from_the_config_unless_given():
 REFUSALS = [
     # 512 cores for a global batch of 256.
     (
-        dict(CONFIG="experiments/configs/bert_large_paper.py", ACCELERATOR_TYPE="v3-512"),
-        "refused: experiments/configs/bert_large_paper.py:phase1 does not fit v3-512 (512 "
+        dict(
+            CONFIG="experiments/configs/bert_large_paper.py",
+            PHASE="phase2",
+            ACCELERATOR_TYPE="v3-512",
+        ),
+        "refused: experiments/configs/bert_large_paper.py:phase2 does not fit v3-512 (512 "
         "devices on 64 hosts): mesh_shape (-1, 1, 1) -> data 512 x fsdp 1 x tensor 1: "
         "global_batch_size 256 does not divide over data x fsdp",
     ),

@@ -80,7 +80,7 @@ def test_malformed_accelerator_type_is_named(bad):
 
 
 def test_an_explicit_slice_wins_when_the_config_fits_it():
-    config = bert_large_paper.get_config("phase1")  # v3:8x8, batch 256, (-1, 1, 1)
+    config = bert_large_paper.get_config("phase2")  # v3:8x8, batch 256, (-1, 1, 1)
     assert tpu_slice.resolve(config, "c", "v3-256") == "v3-256"  # 1 sequence per core
     assert tpu_slice.resolve(config, "c", "v4-32") == "v4-32"
 
@@ -88,10 +88,10 @@ def test_an_explicit_slice_wins_when_the_config_fits_it():
 @pytest.mark.parametrize(
     "module, phase, accelerator, why",
     [
-        # 512 cores for 256 sequences.
+        # 512 cores for 256 sequences (phase 2's mesh is pure data parallelism).
         (
             bert_large_paper,
-            "phase1",
+            "phase2",
             "v3-512",
             "mesh_shape (-1, 1, 1) -> data 512 x fsdp 1 x tensor 1: global_batch_size 256 "
             "does not divide over data x fsdp",
@@ -143,13 +143,13 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_command_line_prints_the_type_or_one_refusal_line():
-    config = "--config=experiments/configs/bert_large_paper.py:phase1"
+    config = "--config=experiments/configs/bert_large_paper.py:phase2"
     result = _cli(config)
     assert (result.returncode, result.stdout) == (0, "v3-128\n"), result.stderr
     result = _cli(config, "--accelerator_type=v3-512")
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith(
-        "refused: experiments/configs/bert_large_paper.py:phase1 does not fit v3-512 "
+        "refused: experiments/configs/bert_large_paper.py:phase2 does not fit v3-512 "
         "(512 devices on 64 hosts): mesh_shape (-1, 1, 1)"
     )
     assert result.stderr.count("\n") == 1
