@@ -212,6 +212,8 @@ class FitReport:
     compiler_bytes: float | None = None
     layout: str = ""  # what was compiled: mesh, weight update, remat, scan (`layout_of`)
     estimated: bool = True  # whether the compiler's estimate was asked for
+    tokens_per_step: int = 0  # token slots of a step's rows (global batch x sequence length)
+    packed: bool = False  # rows hold several instances (`data.pack`)
 
     @property
     def compiler_mfu(self) -> float | None:
@@ -246,7 +248,19 @@ class FitReport:
         )
         return seconds / 86400
 
-    def format(self, mfu: float, usd_per_chip_hour: float | None = None) -> str:
+    def real_tokens_per_second(self, padding: float) -> float | None:
+        """Real (non-padding) tokens per second at the compiler's estimate, for rows whose
+        fraction `padding` is padding (what `benchmarks.bench_packing` measures on a corpus:
+        packing lowers it; the step's time per row stays the same)."""
+        if not 0 <= padding < 1:
+            raise ValueError(f"padding must be in [0, 1), got {padding}")
+        if self.compiler_step_seconds is None:
+            return None
+        return self.tokens_per_step * (1 - padding) / self.compiler_step_seconds
+
+    def format(
+        self, mfu: float, usd_per_chip_hour: float | None = None, padding: float | None = None
+    ) -> str:
         def gib(n):
             return f"{n / GiB:7.2f} GiB"
 
@@ -287,6 +301,17 @@ class FitReport:
             f"ms/step = MFU {self.compiler_mfu:.1%}, {self.steps:,} steps = {duration(days)} "
             f"({days * 24 * self.num_chips:,.0f} chip-hours)"
         )
+        rows = "packed rows" if self.packed else "unpacked rows"
+        if padding is None:
+            slots = self.tokens_per_step / self.compiler_step_seconds
+            lines.append(
+                f"  {slots:,.0f} token slots/s ({rows}); --padding=<fraction> counts real tokens"
+            )
+        else:
+            lines.append(
+                f"  {self.real_tokens_per_second(padding):,.0f} real tokens/s ({rows} with "
+                f"{padding:.1%} padding)"
+            )
         if self.compiler_bytes:
             lines.append(
                 f"  HBM traffic by the cost model: {self.compiler_bytes / 1e9:.1f} GB per device "
@@ -401,6 +426,8 @@ def check(config, topology: str, estimate: bool = True) -> FitReport:
         compiler_bytes=traffic,
         layout=layout_of(config, dict(mesh.shape)),
         estimated=estimate,
+        tokens_per_step=config.global_batch_size * data.max_seq_length,
+        packed=bool(data.get("pack", False)),
     )
 
 
@@ -416,6 +443,7 @@ def run(
     mfu: float,
     usd_per_chip_hour: float | None,
     estimate: bool = True,
+    padding: float | None = None,
 ) -> int:
     """Checks `config`, prints the report; returns the exit status (0 fits, 1 does not,
     2 no slice to check for)."""
@@ -431,7 +459,7 @@ def run(
             raise
         print(f"DOES NOT FIT on {topology}: the TPU compiler ran out of HBM:\n{e}")
         return 1
-    print(report.format(mfu, usd_per_chip_hour))
+    print(report.format(mfu, usd_per_chip_hour, padding))
     if not report.fits:
         needed = max(report.train.total, report.eval_peak)
         usable = report.hbm_bytes * (1 - HBM_HEADROOM)
@@ -455,7 +483,14 @@ def main(argv) -> int:
     print(f"config {flags.FLAGS['config'].config_filename}")
     try:
         FLAGS = flags.FLAGS
-        return run(FLAGS.config, FLAGS.topology, FLAGS.mfu, FLAGS.usd_per_chip_hour, FLAGS.estimate)
+        return run(
+            FLAGS.config,
+            FLAGS.topology,
+            FLAGS.mfu,
+            FLAGS.usd_per_chip_hour,
+            FLAGS.estimate,
+            FLAGS.padding,
+        )
     except Exception:  # noqa: BLE001  (any other failure to lower or compile)
         logging.exception("the step could not be compiled")
         return 2
@@ -476,6 +511,13 @@ def _run():
     flags.DEFINE_float("mfu", 0.4, "Model-FLOPs utilisation the time projection assumes.")
     flags.DEFINE_float(
         "usd_per_chip_hour", None, "If given, also project the cost at this price per chip-hour."
+    )
+    flags.DEFINE_float(
+        "padding",
+        None,
+        "Fraction of the rows' token slots that are padding in your data (bench_packing "
+        "measures it, unpacked and packed): the report then gives real tokens/s at the "
+        "compiler's estimate.",
     )
     flags.DEFINE_bool(
         "estimate",

@@ -222,6 +222,18 @@ def test_the_report_names_the_layout_it_measured_and_the_traffic():
     assert "HBM traffic by the cost model: 12.2 GB per device per step" in text
 
 
+def test_real_tokens_per_second_at_the_estimate_count_only_what_is_not_padding():
+    report = _report(7 * GiB, step_seconds=0.02)
+    report.tokens_per_step = 256 * 128
+    # 32,768 slots per 20 ms = 1,638,400 slots/s; 11.7% padding leaves 1,446,707 real.
+    assert "1,638,400 token slots/s (unpacked rows)" in report.format(mfu=0.4)
+    report.packed = True
+    text = report.format(mfu=0.4, padding=0.117)
+    assert "1,446,707 real tokens/s (packed rows with 11.7% padding)" in text
+    with pytest.raises(ValueError, match="padding must be in"):
+        report.real_tokens_per_second(1.0)
+
+
 # --- real compiles for TPU slices (libtpu) ------------------------------------------------
 
 
