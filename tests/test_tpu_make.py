@@ -108,7 +108,7 @@ REFUSALS = [
             ACCELERATOR_TYPE="v3-512",
         ),
         "refused: experiments/configs/bert_large_paper.py:phase2 does not fit v3-512 (512 "
-        "devices on 64 hosts): mesh_shape (-1, 1, 1) -> data 512 x fsdp 1 x tensor 1: "
+        "devices on 64 hosts): mesh_shape (-1, 8, 1) -> data 64 x fsdp 8 x tensor 1: "
         "global_batch_size 256 does not divide over data x fsdp",
     ),
     # An 8-way FSDP axis on 4 devices.

@@ -80,7 +80,7 @@ def test_malformed_accelerator_type_is_named(bad):
 
 
 def test_an_explicit_slice_wins_when_the_config_fits_it():
-    config = bert_large_paper.get_config("phase2")  # v3:8x8, batch 256, (-1, 1, 1)
+    config = bert_large_paper.get_config("phase2")  # v3:8x8, batch 256, (-1, 8, 1)
     assert tpu_slice.resolve(config, "c", "v3-256") == "v3-256"  # 1 sequence per core
     assert tpu_slice.resolve(config, "c", "v4-32") == "v4-32"
 
@@ -88,12 +88,12 @@ def test_an_explicit_slice_wins_when_the_config_fits_it():
 @pytest.mark.parametrize(
     "module, phase, accelerator, why",
     [
-        # 512 cores for 256 sequences (phase 2's mesh is pure data parallelism).
+        # 512 cores for 256 sequences (phase 2's mesh: data x 8-way FSDP).
         (
             bert_large_paper,
             "phase2",
             "v3-512",
-            "mesh_shape (-1, 1, 1) -> data 512 x fsdp 1 x tensor 1: global_batch_size 256 "
+            "mesh_shape (-1, 8, 1) -> data 64 x fsdp 8 x tensor 1: global_batch_size 256 "
             "does not divide over data x fsdp",
         ),
         # An 8-way FSDP axis on 4 devices.
@@ -150,7 +150,7 @@ def test_command_line_prints_the_type_or_one_refusal_line():
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith(
         "refused: experiments/configs/bert_large_paper.py:phase2 does not fit v3-512 "
-        "(512 devices on 64 hosts): mesh_shape (-1, 1, 1)"
+        "(512 devices on 64 hosts): mesh_shape (-1, 8, 1)"
     )
     assert result.stderr.count("\n") == 1
 
