@@ -39,6 +39,11 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
+def axis_names(entry) -> tuple[str, ...]:
+    """A rule's or a PartitionSpec entry's mesh axes (None, one name, or several) as a tuple."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def rules_of(config) -> tuple[tuple[str, Any], ...]:
     """The rule table of an experiment config: `config.sharding_rules`, else DEFAULT_RULES.
 
@@ -53,8 +58,7 @@ def rules_of(config) -> tuple[tuple[str, Any], ...]:
     for logical, axes in table:
         if axes is not None and not isinstance(axes, str):
             axes = tuple(axes)
-        named = () if axes is None else (axes,) if isinstance(axes, str) else axes
-        if not set(named) <= set(MESH_AXES):
+        if not set(axis_names(axes)) <= set(MESH_AXES):
             raise ValueError(
                 f"config.sharding_rules: {logical!r} -> {axes!r} names no mesh axis of {MESH_AXES}"
             )
@@ -140,9 +144,7 @@ def global_batch(
 def data_parallel_axes(mesh: Mesh, rules=DEFAULT_RULES) -> tuple[str, ...]:
     """The mesh axes the `batch` rule splits the examples over (size > 1): the devices that
     hold the same weights and different examples."""
-    axes = dict(rules).get("batch")
-    named = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    return tuple(a for a in named if mesh.shape[a] > 1)
+    return tuple(a for a in axis_names(dict(rules).get("batch")) if mesh.shape[a] > 1)
 
 
 def update_sharding(
@@ -158,19 +160,15 @@ def update_sharding(
     """
     mesh = compute.mesh
     spec = list(compute.spec) + [None] * (len(shape) - len(compute.spec))
-
-    def named(entry) -> tuple[str, ...]:
-        return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-
-    used = {a for entry in spec for a in named(entry)}
+    used = {a for entry in spec for a in axis_names(entry)}
     free = tuple(a for a in data_parallel_axes(mesh, rules) if a not in used)
     ways = math.prod(mesh.shape[a] for a in free)
     if ways == 1:
         return compute
     for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
-        split = math.prod(mesh.shape[a] for a in named(spec[dim]))
+        split = math.prod(mesh.shape[a] for a in axis_names(spec[dim]))
         if shape[dim] % (split * ways) == 0:
-            spec[dim] = named(spec[dim]) + free
+            spec[dim] = axis_names(spec[dim]) + free
             return NamedSharding(mesh, PartitionSpec(*spec))
     return compute
 

@@ -251,12 +251,12 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
     # the init closure would keep alive on device 0 for the whole run.
     inputs = init_inputs(example_batch(1, data.max_seq_length, data.max_predictions_per_seq))
     rules = sharding.rules_of(config)
-    shard_update = config.get("shard_weight_update", False)
-    abstract_state, shardings = state_shardings(model, tx, mesh, inputs, rules, shard_update)
+    abstract_state, shardings = state_shardings(model, tx, mesh, inputs, rules)
     layout = None
-    if shard_update:
-        _, unsplit = state_shardings(model, tx, mesh, inputs, rules)
-        layout = UpdateLayout(unsplit.params, shardings.params)
+    if config.get("shard_weight_update", False):  # the rule table's placement is the compute one
+        compute = shardings.params
+        shardings = sharding.update_shardings(abstract_state, shardings, rules)
+        layout = UpdateLayout(compute, shardings.params)
     keys = records.BATCH if max_instances_per_row(config) is None else records.PACKED_BATCH
     step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum, rules, keys, layout)
     return Setup(cfg, model, tx, inputs, abstract_state, shardings, step_fn, eval_fn, rules, layout)

@@ -178,8 +178,8 @@ def make_step(
         layout: for a state stored with the sharded weight update (`state_shardings(
             shard_update=True)`): the step gathers the f32 params to `layout.compute` for
             the forward and backward passes and puts the gradients back to
-            `layout.update`, where the params live (a reduce-scatter instead of an
-            all-reduce), so the clipping, the update and the norms each run on 1/N of every
+            `layout.update`, where the params live (summed over the devices into the
+            shards), so the clipping, the update and the norms each run on 1/N of every
             split leaf. The math is the replicated step's.
 
     Dropout randomness is `fold_in(rng, state.step)`, so a resumed run repeats the
@@ -196,7 +196,7 @@ def make_step(
         dropout_rng = jax.random.fold_in(rng, state.step)
         grad_fn = jax.value_and_grad(objective, has_aux=True)
         (loss, metrics), grads = grad_fn(state.params, batch, dropout_rng, *args)
-        if layout is not None:  # summed over the devices and split: a reduce-scatter
+        if layout is not None:  # summed over the devices into the shards
             grads = jax.lax.with_sharding_constraint(grads, layout.update)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

@@ -303,7 +303,7 @@ class FitReport:
         )
         rows = "packed rows" if self.packed else "unpacked rows"
         if padding is None:
-            slots = self.tokens_per_step / self.compiler_step_seconds
+            slots = self.real_tokens_per_second(0.0)
             lines.append(
                 f"  {slots:,.0f} token slots/s ({rows}); --padding=<fraction> counts real tokens"
             )
@@ -518,6 +518,9 @@ def _run():
         "Fraction of the rows' token slots that are padding in your data (bench_packing "
         "measures it, unpacked and packed): the report then gives real tokens/s at the "
         "compiler's estimate.",
+    )
+    flags.register_validator(
+        "padding", lambda p: p is None or 0 <= p < 1, "--padding must be in [0, 1)"
     )
     flags.DEFINE_bool(
         "estimate",

@@ -76,8 +76,8 @@ def get_config() -> ml_collections.ConfigDict:
     # its form changes what each mesh axis splits, e.g. [("batch", "data"), ("mlp", "tensor")].
     config.sharding_rules = None
     # Sharded weight update (Xu et al. 2020): the f32 params and optimizer moments are stored
-    # split over the data-parallel devices, gathered for the passes, the gradients
-    # reduce-scattered, each device updating 1/N of the weights. Same math, less memory
+    # split over the data-parallel devices, gathered for the passes, the gradients summed
+    # into the shards, each device updating 1/N of the weights. Same math, less memory
     # and far less per-update HBM traffic per device (docs/tpu.md).
     config.shard_weight_update = False
 
