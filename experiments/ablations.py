@@ -7,7 +7,8 @@ r"""The BERT paper's ablations at CPU scale, each beside the paper's own figures
 (`make ablations-objectives`, `make ablations-size`, `make ablations-features`.)
 
 - `objectives` (the paper's Table 5, effect of pretraining tasks): BERT-tiny pretrained on
-  the demo's corpus (IMDB reviews, `experiments/demo.py` stages 1-3 with dynamic masking)
+  the polarity demo's corpus (IMDB reviews, `experiments/demo.py --task=polarity` stages 1-3,
+  with dynamic masking)
   three times on the same data and budget: "mlm_nsp" (BERT), "mlm" (No NSP: single
   segments) and "ltr" (LTR & No NSP: a causal left-to-right LM, causal in fine-tuning too),
   then each fine-tuned on sentence polarity (SST-2's shape) and VitaminC (MNLI's: claim /

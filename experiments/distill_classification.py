@@ -109,6 +109,7 @@ def train_student(
     tx, schedule = common.make_optimizer(
         config.learning_rate, num_steps, warmup_proportion=config.warmup_proportion,
         weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+        name=config.optimizer,
     )  # fmt: skip
     sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
     state, shardings = sharded_state(student, tx, mesh, sample, params=params)

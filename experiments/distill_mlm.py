@@ -130,6 +130,7 @@ def distill_mlm(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tx, schedule = common.make_optimizer(
         config.learning_rate, config.num_train_steps,
         warmup_proportion=config.warmup_proportion, weight_decay=config.weight_decay,
+        name=config.optimizer,
     )  # fmt: skip
     state, shardings = sharded_state(student, tx, mesh, sample, params=params)
     batch_sharding = sharding.batch_sharding(mesh)

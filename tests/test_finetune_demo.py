@@ -1,10 +1,12 @@
 """experiments.demo: the held-out split of the corpus, the report (table, JSON, PNG), and a
-tiny run of every stage (the real demo takes half an hour and is `make demo`'s job)."""
+tiny run of every stage of each task (the real demo takes half an hour: `make demo`)."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from data_pipelines import recipe
 from experiments import demo
@@ -60,38 +62,64 @@ def test_the_recipe_passes_the_records_kind_to_create_pretraining_data(tmp_path,
 def _pretraining_log(directory: Path) -> None:
     directory.mkdir()
     records = [
-        {"step": 0, "split": "eval", "loss": 9.7, "mlm_accuracy": 0.0, "nsp_accuracy": 0.5},
-        {"step": 50, "split": "train", "loss": 7.0, "mlm_accuracy": 0.1, "nsp_accuracy": 0.55},
-        {"step": 100, "split": "eval", "loss": 5.5, "mlm_accuracy": 0.2, "nsp_accuracy": 0.6},
+        {"step": 0, "split": "eval", "loss": 9.7, "mlm_accuracy": 0.0},
+        {"step": 50, "split": "train", "loss": 7.0, "mlm_accuracy": 0.1},
+        {"step": 100, "split": "eval", "loss": 5.5, "mlm_accuracy": 0.2},
         # step 100 re-run after a resume: the last record of a step counts
-        {"step": 100, "split": "eval", "loss": 5.0, "mlm_accuracy": 0.3, "nsp_accuracy": 0.6},
+        {"step": 100, "split": "eval", "loss": 5.0, "mlm_accuracy": 0.3},
     ]
     (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _budget(labels, pretrained, scratch, optimizer="adamw_bias_corrected"):
+    from experiments.label_budgets import paired_difference
+
+    return {"labels": labels, "steps": 300, "optimizer": optimizer, "pretrained": pretrained,
+            "scratch": scratch, "difference": paired_difference(pretrained, scratch)}  # fmt: skip
 
 
 def test_report_table_json_and_png(tmp_path):
     demo.FLAGS(["demo", "--seed=3"])
     _pretraining_log(tmp_path / "pretrain")
     budgets = [
-        {"labels": 250, "epochs": 43, "seeds": [9, 10, 11],
-         "pretrained": [0.70, 0.72, 0.74], "scratch": [0.60, 0.62, 0.64]},
-        {"labels": 8568, "epochs": 3, "seeds": [9, 10, 11],
-         "pretrained": [0.80, 0.80, 0.80], "scratch": [0.77, 0.76, 0.78]},
-    ]  # fmt: skip
-    table = demo.report(str(tmp_path), str(tmp_path / "pretrain"), budgets, {"total": 60.0})
-    assert "| 250 | 72.0% ± 2.0 | 62.0% ± 2.0 | +10.0 |" in table
-    assert "| 8,568 | 80.0% ± 0.0 | 77.0% ± 1.0 | +3.0 |" in table
-    assert "held-out MLM accuracy 30.0%" in table and "(seed 3, 100 steps)" in table
+        _budget(100, [0.20, 0.22, 0.24], [0.10, 0.13, 0.13]),
+        _budget(1600, [0.50, 0.50, 0.50], [0.47, 0.46, 0.48]),
+    ]
+    comparison = _budget(100, [0.18, 0.20, 0.22], [0.10, 0.10, 0.10], optimizer="adamw")
+    finetuning = {"budgets": budgets, "optimizer_comparison": comparison, "recipe": {"a": 1}}
+    fill = [{"text": "[MASK][MASK]说", "entity": "江泽", "type": "PER",
+             "predictions": [["江", "李"], ["泽", "鹏"]]}]  # fmt: skip
+    extra = {"fill_mask": fill, "wall_time_s": {"total": 60.0}}
+    text = demo.report(str(tmp_path), str(tmp_path / "pretrain"), finetuning, extra)
+    # Paired differences 10, 9, 11 points: mean 10, t(2) interval 10 ± 4.303 * 1 / sqrt(3).
+    assert "| 100 | 22.0 ± 2.0 | 12.0 ± 1.7 | +10.0 [+7.5, +12.5] |" in text
+    assert "| 1,600 | 50.0 ± 0.0 | 47.0 ± 1.0 | +3.0 [+0.5, +5.5] |" in text
+    assert "- 100: 20.0 22.0 24.0 / 10.0 13.0 13.0" in text
+    assert "adamw_bias_corrected 22.0 / 12.0, adamw 20.0 / 10.0" in text
+    assert "[MASK][MASK]说 (PER 江泽): 江 李 | 泽 鹏" in text
+    assert "held-out MLM accuracy 30.0%" in text and "(seed 3, 100 steps)" in text
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["label_budgets"] == budgets and summary["seed"] == 3
+    assert summary["task"] == "peoples_daily_ner"
+    assert summary["optimizer_comparison"] == comparison and summary["fill_mask"] == fill
     assert [r["step"] for r in summary["pretraining"]["held_out"]] == [0, 100]
     assert summary["pretraining"]["held_out"][-1]["mlm_accuracy"] == 0.3
-    assert (tmp_path / "results.md").read_text() == table
+    assert summary["pretraining"]["objective"] == "mlm"
+    assert (tmp_path / "results.md").read_text() == text
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_small_budgets_train_at_least_the_minimum_steps():
-    demo.FLAGS(["demo", "--finetune_epochs=3", "--min_finetune_steps=300"])
+def test_each_task_has_its_defaults_and_a_flag_given_wins():
+    demo.FLAGS(["demo"])
+    assert demo.setting("corpora") == ["peoples_daily_unlabelled"]
+    assert demo.setting("label_budgets") == ["100", "400", "1600"]
+    demo.FLAGS(["demo", "--task=polarity", "--subsets=4"])
+    assert demo.setting("corpora") == ["imdb"] and demo.setting("subsets") == 4
+    assert demo.setting("finetune_optimizer") == "adamw"  # the polarity demo's, unchanged
+
+
+def test_small_polarity_budgets_train_at_least_the_minimum_steps():
+    demo.FLAGS(["demo", "--task=polarity", "--finetune_epochs=3", "--min_finetune_steps=300"])
     assert demo.finetune_epochs(8568, 32) == 3  # 267 steps per epoch
     assert demo.finetune_epochs(1000, 32) == 10  # 31 per epoch
     assert demo.finetune_epochs(250, 32) == 43  # 7 per epoch
@@ -101,12 +129,62 @@ def test_small_budgets_train_at_least_the_minimum_steps():
 def test_cli_help():
     result = subprocess.run([sys.executable, "-m", "experiments.demo", "--help"],
                             capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
-    assert "pretrain BERT-tiny on IMDB" in result.stdout
+    assert "People's Daily" in result.stdout and "--task" in result.stdout
     assert "--label_budgets" in result.stdout and "--seed" in result.stdout
 
 
-def test_a_tiny_demo_end_to_end(tmp_path):
-    """Every stage on 60 reviews, 30 pretraining steps and two small label budgets."""
+def test_a_tiny_ner_demo_end_to_end(tmp_path):
+    """Every stage: the real corpus, 20 pretraining steps, two small budgets, two subsets."""
+    workdir = tmp_path / "demo"
+    command = [
+        sys.executable, "-m", "experiments.demo", f"--workdir={workdir}",
+        f"--corpus_dir={tmp_path / 'corpus'}", "--pretrain_steps=20", "--pretrain_batch_size=8",
+        "--label_budgets=24,16", "--subsets=2", "--min_finetune_steps=4",
+        "--max_finetune_steps=6", "--finetune_batch_size=8", "--dev_sentences=40",
+        "--test_sentences=200",
+        "--finetune_learning_rates=1e-3,3e-3", "--seed=1",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((workdir / "results.json").read_text())
+    budgets = summary["label_budgets"]
+    assert [b["labels"] for b in budgets] == [16, 24]  # sorted
+    for budget in budgets:
+        for arm in ("pretrained", "scratch"):
+            assert len(budget[arm]) == 2 and all(0 <= f <= 1 for f in budget[arm])
+            runs = budget[f"{arm}_runs"]
+            # One learning rate per budget and arm, chosen from the grid, for every subset.
+            assert {r["learning_rate"] for r in runs} == {budget["learning_rate"][arm]}
+            assert budget["learning_rate"][arm] in (1e-3, 3e-3)
+            assert [r["test"]["f1"] for r in runs] == budget[arm]
+        difference = budget["difference"]
+        assert difference["low"] <= difference["mean"] <= difference["high"]
+    comparison = summary["optimizer_comparison"]
+    assert comparison["labels"] == 16 and comparison["optimizer"] == "adamw"
+    assert budgets[0]["optimizer"] == "adamw_bias_corrected"
+    assert summary["pretraining"]["objective"] == "mlm"
+    held_out = summary["pretraining"]["held_out"]
+    assert held_out[0]["step"] == 0 and held_out[-1]["step"] == 20
+    assert len(summary["fill_mask"]) == 6
+    assert all(len(f["predictions"]) == len(f["entity"]) for f in summary["fill_mask"])
+    assert (workdir / "curves.png").exists()
+    assert "| 16 |" in result.stdout and "| 24 |" in result.stdout
+    assert "test n=200," in result.stdout
+    # Orbax's INFO lines stay out of the console.
+    assert "orbax" not in result.stderr.lower()
+    # Every run is stored: a rerun reuses them all (and the pretraining) and reports the same.
+    again = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((workdir / "results.json").read_text())["label_budgets"] == budgets
+    # The workdir belongs to --seed=1: another seed is refused before anything runs.
+    other = subprocess.run([*command[:-1], "--seed=2"], capture_output=True, text=True,
+                           cwd=REPO, timeout=300)  # fmt: skip
+    assert other.returncode != 0 and "--seed=1 (now 2)" in other.stderr
+
+
+@pytest.mark.slow
+def test_a_tiny_polarity_demo_end_to_end(tmp_path):
+    """--task=polarity: every stage on 60 reviews, 30 pretraining steps, two budgets."""
     from data_pipelines import prepare_corpus
 
     corpus_dir = tmp_path / "corpus"
@@ -114,9 +192,9 @@ def test_a_tiny_demo_end_to_end(tmp_path):
     prepare_corpus.write_corpus(documents, str(corpus_dir / "corpus.txt"), show_progress=False)
     workdir = tmp_path / "demo"
     command = [
-        sys.executable, "-m", "experiments.demo", f"--workdir={workdir}",
+        sys.executable, "-m", "experiments.demo", "--task=polarity", f"--workdir={workdir}",
         f"--corpus_dir={corpus_dir}", "--vocab_size=600", "--pretrain_steps=30",
-        "--pretrain_batch_size=8", "--label_budgets=64,40", "--finetune_seeds=2",
+        "--pretrain_batch_size=8", "--label_budgets=64,40", "--subsets=2",
         "--finetune_epochs=1", "--min_finetune_steps=2", "--seed=1",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=900)
@@ -128,18 +206,13 @@ def test_a_tiny_demo_end_to_end(tmp_path):
         assert budget["seeds"] == [2, 3]  # --seed=1 with 2 fine-tuning seeds
         for arm in ("pretrained", "scratch"):
             assert len(budget[arm]) == 2 and all(0 <= a <= 1 for a in budget[arm])
-    recipe = workdir / "finetune" / "mean_lr0.0003_epochs1_min2"  # the fine-tuning flags
+    recipe = workdir / "finetune" / "mean_lr0.0003_epochs1_min2_adamw"  # the fine-tuning flags
     run = json.loads((recipe / "40_labels" / "scratch_seed3" / "metrics.json").read_text())
     assert run["num_examples"]["train"] == 40
-    assert summary["finetuning"] == {"pooling": "mean", "learning_rate": 3e-4}
+    assert summary["recipe"] == {"pooling": "mean", "learning_rate": 3e-4, "optimizer": "adamw"}
     assert summary["pretraining"]["optimizer"] == "adamw_bias_corrected"
+    assert summary["pretraining"]["objective"] == "mlm_nsp"
     held_out = summary["pretraining"]["held_out"]
     assert held_out[0]["step"] == 0 and held_out[-1]["step"] == 30
     assert (workdir / "curves.png").exists()
     assert "| 40 |" in result.stdout and "| 64 |" in result.stdout
-    # Orbax's INFO lines stay out of the console.
-    assert "orbax" not in result.stderr.lower()
-    # The workdir belongs to --seed=1: another seed is refused before anything runs.
-    again = subprocess.run([*command[:-1], "--seed=2"], capture_output=True, text=True,
-                           cwd=REPO, timeout=300)  # fmt: skip
-    assert again.returncode != 0 and "--seed=1 (now 2)" in again.stderr

@@ -1,11 +1,12 @@
-r"""DistilBERT-style MLM distillation of the demo's Shakespeare BERT-tiny into one layer.
+r"""DistilBERT-style MLM distillation of the polarity demo's BERT-tiny into one layer.
 
   python -m experiments.distill_mlm --config=experiments/configs/distill_mlm.py \
-      --config.teacher=workdirs/demo/pretrain --workdir=workdirs/distill_mlm
+      --config.teacher=workdirs/demo_polarity/pretrain --workdir=workdirs/distill_mlm
 
 The student keeps the teacher's width (H=128), so it starts from teacher layer 0 (as
 DistilBERT starts from every other layer) and the cosine loss on hidden states applies.
-The records are the demo's (`make demo`: max_seq_length 64, 10 predictions).
+The records are that demo's (`python -m experiments.demo --task=polarity
+--workdir=workdirs/demo_polarity`: max_seq_length 64, 10 predictions).
 """
 
 import ml_collections
@@ -30,6 +31,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_train_steps = 500
     config.learning_rate = 5e-4  # peak, after warmup
     config.warmup_proportion = 0.1  # of all steps, linear from 0
+    # "adamw": the original BERT AdamW (no bias correction); "adamw_bias_corrected":
+    # Adam's bias correction, steadier for runs of a few hundred steps (Zhang et al. 2021).
+    config.optimizer = "adamw"
     config.weight_decay = 0.01  # not on LayerNorm and biases
     config.seed = 0  # data order, dropout (and the init of a preset student)
     # The PRNG of the dropout masks (bert_jax.train_state.PRNG_IMPLS): "threefry2x32", or

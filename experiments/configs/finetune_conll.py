@@ -35,6 +35,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_epochs = 3
     config.learning_rate = 5e-5  # peak, after warmup
     config.warmup_proportion = 0.1  # of all train steps, linear from 0
+    # "adamw": the original BERT AdamW (no bias correction); "adamw_bias_corrected":
+    # Adam's bias correction, steadier for runs of a few hundred steps (Zhang et al. 2021).
+    config.optimizer = "adamw"
     config.weight_decay = 0.01  # not on LayerNorm and biases
     config.max_grad_norm = 1.0  # global-norm clipping
     config.seed = 0  # head init, data order, dropout
