@@ -209,12 +209,12 @@ def learning_rates() -> list[float]:
 # ------------------------------------------------------------------------------ ner: stage 5
 
 
-def ner_recipe(optimizer: str | None = None):
-    """The fine-tuning recipe of the flags (`optimizer` replaces --finetune_optimizer)."""
+def ner_recipe():
+    """The fine-tuning recipe of the flags."""
     from experiments.label_budgets import Recipe
 
     return Recipe(
-        optimizer=optimizer or setting("finetune_optimizer"),
+        optimizer=setting("finetune_optimizer"),
         learning_rates=tuple(learning_rates()),
         batch_size=FLAGS.finetune_batch_size,
         epochs=setting("finetune_epochs"),
