@@ -348,6 +348,11 @@ def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng
     return params
 
 
+def data_position(positions: list[dict]):
+    """What this process's input pipeline resumes from, of the positions a checkpoint holds."""
+    return positions[jax.process_index()]
+
+
 def _restore(config, workdir, abstract_state, shardings):
     """Applies the resume order; returns (state or None, data position or None, source)."""
     target = checkpointing.abstract_like(abstract_state, shardings)
@@ -355,12 +360,12 @@ def _restore(config, workdir, abstract_state, shardings):
     if own.latest_step() is not None:
         # An unreadable newest checkpoint is named, set aside, and the one before restored.
         state, positions, _ = checkpointing.restore(own, None, target, set_aside=True)
-        return state, positions[jax.process_index()], f"{own.directory} step {int(state.step)}"
+        return state, data_position(positions), f"{own.directory} step {int(state.step)}"
     if config.resume_from:  # only read: it may be another run's, or read-only
         other = checkpointing.make_manager(config.resume_from, async_save=False, create=False)
         state, positions, saved = checkpointing.restore(other, None, target)
         same_data = saved.get("data_identity") == _data_identity(config)
-        position = positions[jax.process_index()] if same_data else None
+        position = data_position(positions) if same_data else None
         _check_start_step(config, int(state.step), f"resume_from {config.resume_from}")
         return state, position, f"resume_from {config.resume_from} step {int(state.step)}"
     _check_start_step(config, 0, "a run that starts from step 0 (no resume_from)")
