@@ -192,6 +192,16 @@ def restore(
     return _newest_readable(manager, step, read, set_aside)
 
 
+def saved_config(manager, step: int | None = None) -> dict:
+    """The experiment config saved with checkpoint `step`, by default with the newest one
+    whose config reads, without reading the state (what a run checks before restoring it)."""
+
+    def read(step):
+        return manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+
+    return _newest_readable(manager, step, read, set_aside=False)
+
+
 def restore_params(directory: str, abstract_params=None, step: int | None = None):
     """Only the params of a train-state checkpoint, and the experiment config saved with them.
 

@@ -91,24 +91,37 @@ class MetricsWriter:
             # tf.io.gfile: a TPU run's workdir is a gs:// bucket, where `open` and
             # `os.makedirs` would silently write a local "gs:" directory instead.
             tf.io.gfile.makedirs(workdir)
-            path = os.path.join(workdir, "metrics.jsonl")
-            before = tf.io.gfile.GFile(path).read() if tf.io.gfile.exists(path) else ""
-            kept = records_through(before, last_step)
-            if "://" in workdir:
-                # Object stores cannot append: rewrite what a previous run logged, then
-                # keep writing (each flush uploads the file so far; it stays small).
-                if before:
-                    tf.io.gfile.remove(path)  # not every file system truncates on "w"
-                self._jsonl = tf.io.gfile.GFile(path, "w")
-                self._jsonl.write(kept)
-                self._jsonl.flush()
-            else:
-                if kept != before:  # a new file renamed over the old: never half a log
-                    with open(f"{path}.tmp", "w", encoding="utf-8") as f:
-                        f.write(kept)
-                    os.replace(f"{path}.tmp", path)
-                self._jsonl = tf.io.gfile.GFile(path, "a")
+            self._path = os.path.join(workdir, "metrics.jsonl")
+            self._open(last_step)
             self._summary = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+
+    def _open(self, last_step: int | None) -> None:
+        import tensorflow as tf
+
+        path = self._path
+        before = tf.io.gfile.GFile(path).read() if tf.io.gfile.exists(path) else ""
+        kept = records_through(before, last_step)
+        if "://" in path:
+            # Object stores cannot append: rewrite what a previous run logged, then
+            # keep writing (each flush uploads the file so far; it stays small).
+            if before:
+                tf.io.gfile.remove(path)  # not every file system truncates on "w"
+            self._jsonl = tf.io.gfile.GFile(path, "w")
+            self._jsonl.write(kept)
+            self._jsonl.flush()
+        else:
+            if kept != before:  # a new file renamed over the old: never half a log
+                with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+                    f.write(kept)
+                os.replace(f"{path}.tmp", path)
+            self._jsonl = tf.io.gfile.GFile(path, "a")
+
+    def cut(self, last_step: int) -> None:
+        """Drops the records of steps after `last_step`: a run that rolls back to it logs
+        those steps again (`bert_jax.rollback`)."""
+        if self.enabled:
+            self._jsonl.close()
+            self._open(last_step)
 
     def write(self, step: int, scalars: dict[str, float], prefix: str = "train") -> None:
         if not self.enabled:
@@ -128,6 +141,26 @@ class MetricsWriter:
             self._jsonl.close()
             self._summary.close()
             self._jsonl = self._summary = None
+
+
+def append_record(workdir: str, name: str, record: dict) -> None:
+    """Appends `record` as a JSON line to `<workdir>/<name>` (process 0 only), for the rare
+    events a run logs beside its metrics (an object store, which cannot append, gets the file
+    written again)."""
+    if jax.process_index() != 0:
+        return
+    import tensorflow as tf
+
+    path, line = os.path.join(workdir, name), json.dumps(record) + "\n"
+    if "://" not in path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+        return
+    before = tf.io.gfile.GFile(path).read() if tf.io.gfile.exists(path) else ""
+    if before:
+        tf.io.gfile.remove(path)  # not every file system truncates on "w"
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write(records_through(before, None) + line)
 
 
 def records_through(text: str, last_step: int | None) -> str:

@@ -20,7 +20,10 @@ work.
 Resume order (first that applies): a checkpoint in `<workdir>/checkpoints`, else
 `config.resume_from` (a full train state: params, optimizer, step), else
 `config.init_from` (params only: this project's checkpoint, a Google TF checkpoint or a
-Hugging Face directory), else a fresh initialisation.
+Hugging Face directory), else a fresh initialisation. A full train state resumes only into the
+model it was trained with (`_check_model`; `config.allow_model_change` overrides). With
+`config.rollback.enabled`, a loss spike rolls the run back to its last checkpoint
+(`bert_jax.rollback`).
 """
 
 from __future__ import annotations
@@ -41,8 +44,15 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from bert_jax import checkpointing, optim, sharding, telemetry
-from bert_jax.config import OBJECTIVES, BertConfig, ConfigError
+from bert_jax import checkpointing, optim, rollback, sharding, telemetry
+from bert_jax.config import (
+    MISSING,
+    OBJECTIVES,
+    BertConfig,
+    ConfigError,
+    ModelChangeError,
+    model_changes,
+)
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import pretraining_loss
 from bert_jax.train_state import (
@@ -265,14 +275,18 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
 # --- the loop ------------------------------------------------------------------------------
 
 
+# Room for a process's data position in the all-gather: ~40 bytes per stream it reads.
+_POSITION_BYTES = 1 << 16
+
+
 def _gather_positions(position: dict) -> list[dict]:
     """Every process's data position (JSON, padded bytes through an all-gather)."""
     if jax.process_count() == 1:
         return [position]
     raw = json.dumps(position).encode()
-    if len(raw) > 4096:
+    if len(raw) > _POSITION_BYTES:
         raise ValueError(f"data position too long to gather: {position}")
-    buffer = np.zeros(4096, np.uint8)
+    buffer = np.zeros(_POSITION_BYTES, np.uint8)
     buffer[: len(raw)] = np.frombuffer(raw, np.uint8)
     gathered = multihost_utils.process_allgather(buffer)
     return [json.loads(bytes(row).rstrip(b"\0")) for row in np.asarray(gathered)]
@@ -296,12 +310,13 @@ def _data_identity(config) -> dict:
     return identity
 
 
-def _make_input(config, position, *, files, seed, mask_config):
+def _make_input(config, position, *, files, seed, mask_config, num_streams=None):
     from data_pipelines import input_pipeline
 
     data = config.data
     return input_pipeline.make_pretraining_dataset(
         files,
+        num_streams=num_streams,
         global_batch_size=config.global_batch_size,
         max_seq_length=data.max_seq_length,
         max_predictions_per_seq=data.max_predictions_per_seq,
@@ -312,6 +327,19 @@ def _make_input(config, position, *, files, seed, mask_config):
         start_position=position,
         max_instances_per_row=max_instances_per_row(config),
         next_token_targets=objective(config) == "ltr",
+    )
+
+
+def train_input(config, position, mask_config):
+    """The training stream of `config` from a data position (None: its start)."""
+    data = config.data
+    return _make_input(
+        config,
+        position,
+        files=data.train_files,
+        seed=config.seed,
+        mask_config=mask_config,
+        num_streams=data.get("num_streams"),
     )
 
 
@@ -348,21 +376,30 @@ def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng
     return params
 
 
-def data_position(positions: list[dict]):
-    """What this process's input pipeline resumes from, of the positions a checkpoint holds."""
-    return positions[jax.process_index()]
+def data_position(positions: list[dict]) -> dict:
+    """What the input pipeline resumes from, of the positions every process saved: one
+    position of every stream, so that any process count can resume it."""
+    from data_pipelines import input_pipeline
+
+    return input_pipeline.merge_positions(positions)
 
 
-def _restore(config, workdir, abstract_state, shardings):
-    """Applies the resume order; returns (state or None, data position or None, source)."""
+def _restore(config, workdir, abstract_state, shardings, vocab_size: int | None = None):
+    """Applies the resume order; returns (state or None, data position or None, source).
+
+    A full train state (own checkpoints, `resume_from`) is first checked to have been trained
+    with the model the run describes (`_check_model`; `vocab_size`: the vocab file's).
+    """
     target = checkpointing.abstract_like(abstract_state, shardings)
     own = checkpointing.make_manager(os.path.join(workdir, "checkpoints"), async_save=False)
     if own.latest_step() is not None:
+        _check_model(config, checkpointing.saved_config(own), own.directory, vocab_size)
         # An unreadable newest checkpoint is named, set aside, and the one before restored.
         state, positions, _ = checkpointing.restore(own, None, target, set_aside=True)
         return state, data_position(positions), f"{own.directory} step {int(state.step)}"
     if config.resume_from:  # only read: it may be another run's, or read-only
         other = checkpointing.make_manager(config.resume_from, async_save=False, create=False)
+        _check_model(config, checkpointing.saved_config(other), config.resume_from, vocab_size)
         state, positions, saved = checkpointing.restore(other, None, target)
         same_data = saved.get("data_identity") == _data_identity(config)
         position = data_position(positions) if same_data else None
@@ -372,12 +409,67 @@ def _restore(config, workdir, abstract_state, shardings):
     return None, None, None
 
 
+def _check_model(config, saved: dict, source: str, vocab_size: int | None) -> None:
+    """Refuses to resume the checkpoints in `source`, whose experiment config was `saved`,
+    with a model that computes something else (`bert_jax.config.model_changes`), unless
+    `config.allow_model_change`: then a warning names each difference and the run goes on.
+
+    Raises:
+        ModelChangeError: naming each key with its saved value and its value now.
+    """
+    changes = model_changes(saved, config, vocab_size)
+    if not changes:
+        return
+    listed = "; ".join(
+        f"{key}: saved {was if was is MISSING else repr(was)}, now {now!r}"
+        for key, was, now in changes
+    )
+    if config.get("allow_model_change", False):  # configs older than the key: refused
+        logging.warning("resuming %s with another model (allow_model_change): %s", source, listed)
+        return
+    raise ModelChangeError(
+        f"the checkpoints in {source} were trained with another model: {listed}. Set "
+        "config.allow_model_change=True to resume them with the model this config describes"
+    )
+
+
 def _check_start_step(config, step: int, source: str) -> None:
     """The step a phase begins at (`config.start_step`, which the AOT check's time
     projection counts from) must be the step the run really begins at."""
     start = config.get("start_step")
     if start is not None and start != step:
         raise ValueError(f"config.start_step is {start} but {source} is at step {step}")
+
+
+def _roll_back(spike, history, config, run, manager, mask_config, workdir):
+    """Restores the newest checkpoint and skips `config.rollback.skip_batches` batches of the
+    data after its position (`bert_jax.rollback`); logs what it skipped, in the log and in
+    `<workdir>/rollbacks.jsonl`. Returns (state, train data iterator).
+
+    Raises:
+        RollbackError: one spike too many within the window, or no checkpoint yet.
+    """
+    checkpointing.finish_saves(manager)
+    history.check(spike, manager.latest_step(), manager.directory)
+    target = checkpointing.abstract_like(run.abstract_state, run.shardings)
+    state, positions, _ = checkpointing.restore(manager, None, target)
+    train_data = train_input(config, data_position(positions), mask_config)
+    for _ in range(config.rollback.skip_batches):
+        next(train_data)
+    skipped = config.rollback.skip_batches
+    resumed_at = _gather_positions(train_data.position)
+    record = history.record(spike, int(state.step), skipped, positions, resumed_at)
+    logging.warning(
+        "%s: rolled back to step %d, skipped %d batches (data position %s -> %s); rollback %d",
+        spike,
+        int(state.step),
+        skipped,
+        positions,
+        resumed_at,
+        len(history.records),
+    )
+    telemetry.append_record(workdir, "rollbacks.jsonl", record)
+    return state, train_data
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -400,7 +492,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     # Two streams from the seed: the initialisation and the dropout masks (folded per step,
     # in config.prng_impl). Neither is stored: a resumed run derives the same keys again.
     init_rng, dropout_rng = run_keys(config.seed, config.prng_impl)
-    state, position, source = _restore(config, workdir, run.abstract_state, shardings)
+    state, position, source = _restore(
+        config, workdir, run.abstract_state, shardings, tokenizer.vocab_size
+    )
     if state is None:
         # A fresh state in the run's layout: params from `init_from`, else initialised.
         born = functools.partial(
@@ -424,9 +518,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info("train state from %s; mesh %s", source, dict(mesh.shape))
 
     mask_config = _masking_config(config, tokenizer)
-    train_data = _make_input(
-        config, position, files=data.train_files, seed=config.seed, mask_config=mask_config
-    )
+    train_data = train_input(config, position, mask_config)
     manager = checkpointing.make_manager(
         os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints
     )
@@ -439,6 +531,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         cfg, config.global_batch_size, data.max_seq_length, data.max_predictions_per_seq
     )
     peak = telemetry.peak_flops_per_device(cfg.dtype) * jax.device_count()
+    guard = config.get("rollback")  # configs older than the block: none
+    spikes = history = None
+    if guard is not None and guard.enabled:
+        spikes = rollback.SpikeDetector(guard.spike_factor, guard.median_window)
+        history = rollback.Rollbacks(guard.max_rollbacks, guard.window_steps)
 
     def save(step):
         checkpointing.save(
@@ -472,7 +569,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         with sharding.activation_context(mesh, run.rules):
             if start == 0:
                 evaluate(0)
-            for step in range(start + 1, stop + 1):
+            step = start
+            while step < stop:  # not a range: a rollback takes `step` back
+                step += 1
                 inputs = sharding.global_batch(next(train_data), mesh, run.rules)
                 state, step_metrics = step_fn(state, inputs, dropout_rng)
                 pending.append((step, step_metrics))
@@ -488,7 +587,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 checkpoint_now = step % config.checkpoint_every == 0 or step == stop or stopping
                 if step % config.log_every == 0 or checkpoint_now:
                     # Checked before any save, so a checkpoint never holds a non-finite state.
-                    last = _flush(pending, writer, timer, step, flops, peak, config, manager)
+                    try:
+                        last = _flush(
+                            pending, writer, timer, step, flops, peak, config, manager, spikes
+                        )
+                    except rollback.LossSpike as spike:  # raised with config.rollback only
+                        state = None  # the diverged state: freed before the restore allocates
+                        state, train_data = _roll_back(
+                            spike, history, config, run, manager, mask_config, workdir
+                        )
+                        step = int(state.step)
+                        writer.cut(step)  # the steps after it are done again, logged again
+                        pending, saving, timer = [], False, (time.perf_counter(), step)
+                        progress.n = step
+                        continue
                     timer = (time.perf_counter(), step)
                     progress.set_postfix(
                         loss=f"{last['loss']:.3f}", mlm_acc=f"{last['mlm_accuracy']:.3f}"
@@ -516,12 +628,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     return last
 
 
-def _flush(pending, writer, timer, step, flops, peak, config, manager) -> dict[str, float]:
-    """Fetches the pending metrics, stops on a non-finite loss, writes the averages."""
+def _flush(
+    pending, writer, timer, step, flops, peak, config, manager, spikes=None
+) -> dict[str, float]:
+    """Fetches the pending metrics, stops on a non-finite loss, writes the averages.
+
+    With `spikes` (a `rollback.SpikeDetector`: `config.rollback.enabled`) the first step with
+    a non-finite metric or a loss spike raises `rollback.LossSpike` instead, and nothing of
+    these steps is written: the loop rolls back and does them again.
+    """
     fetched = jax.device_get([m for _, m in pending])
     for (s, _), m in zip(pending, fetched, strict=True):
         bad = nonfinite(m)
-        if bad:
+        if spikes is not None:
+            reason = f"non-finite {bad}" if bad else spikes.check(float(m["loss"]))
+            if reason:
+                raise rollback.LossSpike(s, float(m["loss"]), reason)
+        elif bad:
             checkpointing.finish_saves(manager)
             good = manager.latest_step()
             where = (

@@ -311,6 +311,7 @@ def test_tpu_layout_runs_phase_1_then_phase_2_on_a_local_bucket(tmp_path):
         config.model.vocab_size = 3072
         config.data.max_seq_length, config.data.max_predictions_per_seq = synth.SEQ_LEN, 5
         config.data.shuffle_buffer = 64
+        config.data.num_streams = 2  # 2 shards: the paper's 64 streams need 64
         config.global_batch_size = 8
         config.stop_at_step = stop
         config.log_every, config.checkpoint_every, config.eval_steps = 1, 2, 1

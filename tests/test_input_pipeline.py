@@ -244,12 +244,17 @@ def _uids(batch):
     return batch["input_ids"][:, 1].tolist()
 
 
+def _stream_position(iterator):
+    """The position of the iterator's first (in these tests: only) stream."""
+    return iterator.position["streams"][str(iterator.streams[0])]
+
+
 def _epochs(iterator, count=1):
     """The uids of each of the first `count` epochs (the iterator must be at its start)."""
     epochs = [[] for _ in range(count)]
     while True:
         batch = next(iterator)
-        epoch = iterator.position["epoch"]  # after a batch: (its epoch, its index + 1)
+        epoch = _stream_position(iterator)["epoch"]  # after a batch: (its epoch, its index + 1)
         if epoch == count:
             return epochs
         epochs[epoch].extend(_uids(batch))
@@ -270,7 +275,8 @@ def test_per_host_sharding_is_a_disjoint_split(static_files):
     host_uids = []
     for index in range(2):
         iterator = _make(static_files, process_index=index, process_count=2)
-        assert len(iterator.spec.files) == 2
+        assert iterator.streams == [index]  # one stream per process by default
+        assert len(iterator.spec.stream_files(index)) == 2
         (uids,) = _epochs(iterator)
         first = next(_make(static_files, process_index=index, process_count=2))
         assert first["input_ids"].shape == (2, T)  # per-host batch = 4 / 2
@@ -326,7 +332,7 @@ def test_dynamic_masking_new_each_epoch_and_reproducible(tmp_path):
             assert (originals[:, [0, 4, 8]] == [CLS, SEP, SEP]).all()  # never masked
             for row in range(len(originals)):
                 uid = int(originals[row, 1])
-                key = (iterator.position["epoch"], uid)
+                key = (_stream_position(iterator)["epoch"], uid)
                 seen[key] = tuple(batch["masked_lm_positions"][row])
                 # round(9 * 0.3) = 3 predictions on 9 tokens.
                 assert batch["masked_lm_weights"][row].tolist() == [1, 1, 1, 0]
@@ -394,11 +400,11 @@ def test_bad_inputs_give_clear_errors(static_files, tmp_path):
         _make(str(tmp_path / "missing-*.tfrecord"))
     with pytest.raises(ValueError, match="global_batch_size 5 is not a positive multiple"):
         _make(static_files, global_batch_size=5, process_count=2)
-    with pytest.raises(ValueError, match="4 input files for 8 processes"):
+    with pytest.raises(ValueError, match="4 input files for 8 data streams"):
         _make(static_files, global_batch_size=8, process_count=8)
     with pytest.raises(ValueError, match="part-000.tfrecord: not readable as masked records"):
         _make(static_files, max_seq_length=32)
-    with pytest.raises(ValueError, match="fewer than one per-host batch of 64"):
+    with pytest.raises(ValueError, match=r"fewer than its share of a batch \(64\)"):
         _make(static_files, global_batch_size=64)
     with pytest.raises(ValueError, match="masking_config exactly when dynamic_masking"):
         _make(static_files, dynamic_masking=True)

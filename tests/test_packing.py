@@ -348,9 +348,9 @@ def test_the_input_pipeline_packs_its_own_stream_and_resumes(record_files):
     layout = records.batch_spec(4, T, P, INST)
     assert {k: (v.shape, v.dtype) for k, v in batches[0].items()} == layout
     position = stream.position
+    at = position["streams"]["0"]  # the one stream's
     # Instances taken from the unpacked stream: 48 records per epoch, batches of 4.
-    consumed = 48 * position["epoch"] + 4 * position["batch_in_epoch"]
-    consumed += position["instance_in_batch"]
+    consumed = 48 * at["epoch"] + 4 * at["batch_in_epoch"] + at["instance_in_batch"]
     uids = [uid for batch in batches for uid in _instances_of_packed(batch)]
     assert sorted(uids) == sorted(order[:consumed])  # the unpacked stream's, exactly once
 
@@ -364,7 +364,7 @@ def test_the_input_pipeline_packs_its_own_stream_and_resumes(record_files):
             got = next(resumed)
             for key in got:
                 np.testing.assert_array_equal(got[key], batches[i][key], err_msg=f"{i} {key}")
-    with pytest.raises(ValueError, match="packed stream's; this one is not packed"):
+    with pytest.raises(ValueError, match="max_instances_per_row: saved 3, now None"):
         _pipeline(record_files, start_position=position)
     with pytest.raises(ValueError, match="max_instances_per_row: saved 3, now 2"):
         _pipeline(record_files, max_instances_per_row=2, start_position=position)

@@ -86,7 +86,10 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.data.dynamic_masking = False  # records are masked, as the original's
     config.data.masked_lm_prob = 0.15  # dynamic masking only
     config.data.whole_word_mask = False  # dynamic masking only
-    config.data.shuffle_buffer = 10_000  # records in the shuffle buffer (per host)
+    config.data.shuffle_buffer = 10_000  # records per shuffled window (per data stream)
+    # Streams the shards are dealt into: the run can move to any slice whose host count
+    # divides it (64: 1 to 64 hosts, v3-8 to v3-512), each stream's batch share is 256 / 64.
+    config.data.num_streams = 64
     config.data.pack = False  # True: several instances per row, kept apart (data_pipelines.packing)
     config.data.max_instances_per_row = 4  # instance slots of a packed row (NSP predictions)
 
@@ -126,4 +129,17 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     # Phase 2 continues phase 1's full state: its checkpoints dir (the workdir above).
     config.resume_from = "" if phase == "phase1" else "workdirs/bert_base_phase1/checkpoints"
     config.init_from = ""  # params only: our checkpoints dir, a TF checkpoint or a HF dir
+    # True: resume a checkpoint whose model differs from this config's (a warning names the
+    # differences); False refuses, naming them (bert_jax.config.model_changes).
+    config.allow_model_change = False
+
+    # Loss-spike rollback (bert_jax.rollback, docs/tpu.md): a non-finite metric or a loss
+    # spike restores the last checkpoint and skips the batches after its data position.
+    config.rollback = ml_collections.ConfigDict()
+    config.rollback.enabled = False  # False: a non-finite loss stops the run, spikes pass
+    config.rollback.spike_factor = 2.0  # a spike: loss > factor x the running median
+    config.rollback.median_window = 100  # per-step losses in the running median
+    config.rollback.skip_batches = 200  # batches skipped after the restored position
+    config.rollback.max_rollbacks = 3  # rollbacks allowed within window_steps; one more stops
+    config.rollback.window_steps = 20_000  # steps within which max_rollbacks are counted
     return config

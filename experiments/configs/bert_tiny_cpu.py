@@ -63,7 +63,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.dynamic_masking = False  # True: records are unmasked, masked per epoch here
     config.data.masked_lm_prob = 0.15  # dynamic masking only
     config.data.whole_word_mask = False  # dynamic masking only
-    config.data.shuffle_buffer = 10_000  # records in the shuffle buffer
+    config.data.shuffle_buffer = 10_000  # records per shuffled window (per data stream)
+    # Streams the shards are dealt into (None: one per process); a multiple of every process
+    # count the run may resume on (input_pipeline: the global batches do not depend on it).
+    config.data.num_streams = placeholder(int)
     config.data.pack = False  # True: several instances per row, kept apart (data_pipelines.packing)
     config.data.max_instances_per_row = 4  # instance slots of a packed row (NSP predictions)
 
@@ -100,4 +103,17 @@ def get_config() -> ml_collections.ConfigDict:
     config.keep_checkpoints = 3  # the newest K are kept
     config.resume_from = ""  # a checkpoints dir with a full state (e.g. phase 1)
     config.init_from = ""  # params only: our checkpoints dir, a TF checkpoint or a HF dir
+    # True: resume a checkpoint whose model differs from this config's (a warning names the
+    # differences); False refuses, naming them (bert_jax.config.model_changes).
+    config.allow_model_change = False
+
+    # Loss-spike rollback (bert_jax.rollback, docs/tpu.md): a non-finite metric or a loss
+    # spike restores the last checkpoint and skips the batches after its data position.
+    config.rollback = ml_collections.ConfigDict()
+    config.rollback.enabled = False  # False: a non-finite loss stops the run, spikes pass
+    config.rollback.spike_factor = 2.0  # a spike: loss > factor x the running median
+    config.rollback.median_window = 20  # per-step losses in the running median
+    config.rollback.skip_batches = 20  # batches skipped after the restored position
+    config.rollback.max_rollbacks = 3  # rollbacks allowed within window_steps; one more stops
+    config.rollback.window_steps = 1_000  # steps within which max_rollbacks are counted
     return config
