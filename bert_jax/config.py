@@ -62,6 +62,11 @@ _JSON_ACTS = {
 OBJECTIVES = ("mlm_nsp", "mlm", "ltr")
 
 
+def objective(config) -> str:
+    """The pretraining objective, `config.objective` (configs older than the key: "mlm_nsp")."""
+    return config.get("objective", "mlm_nsp")
+
+
 class ConfigError(ValueError):
     """A model configuration that cannot describe a working BERT."""
 
@@ -353,7 +358,7 @@ def model_changes(
         the saved value is MISSING for a key the saved config lacks. Empty: the same model.
     """
     saved_model, model = dict(saved.get("model") or {}), now["model"]
-    # The default of configs older than the objective key (bert_jax.train.objective).
+    # The default of configs older than the objective key (`objective`).
     objectives = (saved.get("objective", "mlm_nsp"), now.get("objective", "mlm_nsp"))
     resolved = BertConfig.from_experiment(model, vocab_size, objectives[1])
     # What the saved config fixes without stating it: its preset's sizes, the vocab file's size.

@@ -40,11 +40,10 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from bert_jax import checkpointing, optim, rollback, sharding, telemetry
+from bert_jax import checkpointing, optim, pretraining_input, rollback, sharding, telemetry
 from bert_jax.config import (
     MISSING,
     OBJECTIVES,
@@ -52,6 +51,7 @@ from bert_jax.config import (
     ConfigError,
     ModelChangeError,
     model_changes,
+    objective,
 )
 from bert_jax.heads import BertForPreTraining
 from bert_jax.losses import pretraining_loss
@@ -71,11 +71,6 @@ from data_pipelines import records
 MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
 # The keyword inputs it takes from a packed batch only; an unpacked step never sees them.
 PACKING_INPUTS = ("position_ids", "instance_ids", "cls_positions")
-
-
-def objective(config: ml_collections.ConfigDict) -> str:
-    """The pretraining objective, `config.objective` (configs older than the key: "mlm_nsp")."""
-    return config.get("objective", "mlm_nsp")
 
 
 def check_objective(config: ml_collections.ConfigDict) -> None:
@@ -157,12 +152,6 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = Non
 def pretraining_model(config: ml_collections.ConfigDict, cfg: BertConfig) -> BertForPreTraining:
     """The pretraining model of `config.objective`: with the NSP head for "mlm_nsp" only."""
     return BertForPreTraining(cfg, next_sentence=objective(config) == "mlm_nsp")
-
-
-def max_instances_per_row(config: ml_collections.ConfigDict) -> int | None:
-    """Instances packed per row (`config.data.pack`), or None for unpacked batches."""
-    data = config.data
-    return data.max_instances_per_row if data.get("pack", False) else None
 
 
 def example_batch(
@@ -267,95 +256,16 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
         compute = shardings.params
         shardings = sharding.update_shardings(abstract_state, shardings, rules)
         layout = UpdateLayout(compute, shardings.params)
-    keys = records.BATCH if max_instances_per_row(config) is None else records.PACKED_BATCH
+    keys = (
+        records.BATCH
+        if pretraining_input.max_instances_per_row(config) is None
+        else records.PACKED_BATCH
+    )
     step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum, rules, keys, layout)
     return Setup(cfg, model, tx, inputs, abstract_state, shardings, step_fn, eval_fn, rules, layout)
 
 
 # --- the loop ------------------------------------------------------------------------------
-
-
-# Room for a process's data position in the all-gather: ~40 bytes per stream it reads.
-_POSITION_BYTES = 1 << 16
-
-
-def _gather_positions(position: dict) -> list[dict]:
-    """Every process's data position (JSON, padded bytes through an all-gather)."""
-    if jax.process_count() == 1:
-        return [position]
-    raw = json.dumps(position).encode()
-    if len(raw) > _POSITION_BYTES:
-        raise ValueError(f"data position too long to gather: {position}")
-    buffer = np.zeros(_POSITION_BYTES, np.uint8)
-    buffer[: len(raw)] = np.frombuffer(raw, np.uint8)
-    gathered = multihost_utils.process_allgather(buffer)
-    return [json.loads(bytes(row).rstrip(b"\0")) for row in np.asarray(gathered)]
-
-
-def _data_identity(config) -> dict:
-    """The data settings a saved data position is only valid for."""
-    data = config.data
-    identity = {
-        "train_files": data.train_files,
-        "max_seq_length": data.max_seq_length,
-        "max_predictions_per_seq": data.max_predictions_per_seq,
-        "dynamic_masking": data.dynamic_masking,
-        "global_batch_size": config.global_batch_size,
-        "seed": config.seed,
-    }
-    if data.get("pack", False):  # only a packed run names it: unpacked identities stay as saved
-        identity["max_instances_per_row"] = data.max_instances_per_row
-    if objective(config) != "mlm_nsp":  # likewise: BERT's identities stay as saved
-        identity["objective"] = objective(config)
-    return identity
-
-
-def _make_input(config, position, *, files, seed, mask_config, num_streams=None):
-    from data_pipelines import input_pipeline
-
-    data = config.data
-    return input_pipeline.make_pretraining_dataset(
-        files,
-        num_streams=num_streams,
-        global_batch_size=config.global_batch_size,
-        max_seq_length=data.max_seq_length,
-        max_predictions_per_seq=data.max_predictions_per_seq,
-        seed=seed,
-        shuffle_buffer=data.shuffle_buffer,
-        dynamic_masking=data.dynamic_masking,
-        masking_config=mask_config,
-        start_position=position,
-        max_instances_per_row=max_instances_per_row(config),
-        next_token_targets=objective(config) == "ltr",
-    )
-
-
-def train_input(config, position, mask_config):
-    """The training stream of `config` from a data position (None: its start)."""
-    data = config.data
-    return _make_input(
-        config,
-        position,
-        files=data.train_files,
-        seed=config.seed,
-        mask_config=mask_config,
-        num_streams=data.get("num_streams"),
-    )
-
-
-def _masking_config(config, tokenizer):
-    if not config.data.dynamic_masking or objective(config) == "ltr":  # "ltr" masks nothing
-        return None
-    from data_pipelines import masking
-
-    return masking.MaskingConfig(
-        vocab_size=tokenizer.vocab_size,
-        mask_id=tokenizer.mask_id,
-        special_ids=(tokenizer.cls_id, tokenizer.sep_id),
-        max_predictions_per_seq=config.data.max_predictions_per_seq,
-        masked_lm_prob=config.data.masked_lm_prob,
-        whole_word=config.data.whole_word_mask,
-    )
 
 
 def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng):
@@ -376,14 +286,6 @@ def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng
     return params
 
 
-def data_position(positions: list[dict]) -> dict:
-    """What the input pipeline resumes from, of the positions every process saved: one
-    position of every stream, so that any process count can resume it."""
-    from data_pipelines import input_pipeline
-
-    return input_pipeline.merge_positions(positions)
-
-
 def _restore(config, workdir, abstract_state, shardings, vocab_size: int | None = None):
     """Applies the resume order; returns (state or None, data position or None, source).
 
@@ -396,13 +298,17 @@ def _restore(config, workdir, abstract_state, shardings, vocab_size: int | None 
         _check_model(config, checkpointing.saved_config(own), own.directory, vocab_size)
         # An unreadable newest checkpoint is named, set aside, and the one before restored.
         state, positions, _ = checkpointing.restore(own, None, target, set_aside=True)
-        return state, data_position(positions), f"{own.directory} step {int(state.step)}"
+        return (
+            state,
+            pretraining_input.data_position(positions),
+            f"{own.directory} step {int(state.step)}",
+        )
     if config.resume_from:  # only read: it may be another run's, or read-only
         other = checkpointing.make_manager(config.resume_from, async_save=False, create=False)
         _check_model(config, checkpointing.saved_config(other), config.resume_from, vocab_size)
         state, positions, saved = checkpointing.restore(other, None, target)
-        same_data = saved.get("data_identity") == _data_identity(config)
-        position = data_position(positions) if same_data else None
+        same_data = saved.get("data_identity") == pretraining_input.data_identity(config)
+        position = pretraining_input.data_position(positions) if same_data else None
         _check_start_step(config, int(state.step), f"resume_from {config.resume_from}")
         return state, position, f"resume_from {config.resume_from} step {int(state.step)}"
     _check_start_step(config, 0, "a run that starts from step 0 (no resume_from)")
@@ -453,11 +359,13 @@ def _roll_back(spike, history, config, run, manager, mask_config, workdir):
     history.check(spike, manager.latest_step(), manager.directory)
     target = checkpointing.abstract_like(run.abstract_state, run.shardings)
     state, positions, _ = checkpointing.restore(manager, None, target)
-    train_data = train_input(config, data_position(positions), mask_config)
+    train_data = pretraining_input.train_input(
+        config, pretraining_input.data_position(positions), mask_config
+    )
     for _ in range(config.rollback.skip_batches):
         next(train_data)
     skipped = config.rollback.skip_batches
-    resumed_at = _gather_positions(train_data.position)
+    resumed_at = pretraining_input.gather_positions(train_data.position)
     record = history.record(spike, int(state.step), skipped, positions, resumed_at)
     logging.warning(
         "%s: rolled back to step %d, skipped %d batches (data position %s -> %s); rollback %d",
@@ -517,8 +425,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             source = "scratch"
     logging.info("train state from %s; mesh %s", source, dict(mesh.shape))
 
-    mask_config = _masking_config(config, tokenizer)
-    train_data = train_input(config, position, mask_config)
+    mask_config = pretraining_input.masking_config(config, tokenizer)
+    train_data = pretraining_input.train_input(config, position, mask_config)
     manager = checkpointing.make_manager(
         os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints
     )
@@ -526,7 +434,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     # interrupted run logged for those is cut, so metrics.jsonl reads as one run.
     writer = telemetry.MetricsWriter(workdir, last_step=int(state.step) or -1)
     watcher = checkpointing.PreemptionWatcher(manager)
-    config_json = checkpointing.config_to_json(config) | {"data_identity": _data_identity(config)}
+    config_json = checkpointing.config_to_json(config) | {
+        "data_identity": pretraining_input.data_identity(config)
+    }
     flops = telemetry.train_flops_per_step(
         cfg, config.global_batch_size, data.max_seq_length, data.max_predictions_per_seq
     )
@@ -539,13 +449,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     def save(step):
         checkpointing.save(
-            manager, step, state, _gather_positions(train_data.position), config_json
+            manager,
+            step,
+            state,
+            pretraining_input.gather_positions(train_data.position),
+            config_json,
         )
 
     def evaluate(step):
         if not data.eval_files:
             return {}
-        eval_data = _make_input(
+        eval_data = pretraining_input.make_input(
             config, None, files=data.eval_files, seed=0, mask_config=mask_config
         )
         totals = []

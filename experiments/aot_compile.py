@@ -339,14 +339,15 @@ def compile_steps(config, devices, *, evaluate: bool = True):
     """
     import jax
 
-    from bert_jax import checkpointing, sharding, train, train_state
+    from bert_jax import checkpointing, pretraining_input, sharding, train, train_state
 
     mesh = sharding.create_mesh(config.mesh_shape, devices=devices)
     run = train.setup(config, mesh)
     state = checkpointing.abstract_like(run.abstract_state, run.shardings)
     data = config.data
     seq_len, predictions = data.max_seq_length, data.max_predictions_per_seq
-    instances = train.max_instances_per_row(config)  # packed rows carry the packing inputs
+    # Packed rows carry the packing inputs.
+    instances = pretraining_input.max_instances_per_row(config)
     batch_shapes = jax.eval_shape(
         functools.partial(
             train.example_batch, config.global_batch_size, seq_len, predictions, instances

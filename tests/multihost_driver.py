@@ -117,7 +117,7 @@ def main(argv: list[str]) -> None:
             num_processes=flag_values.num_processes,
             process_id=flag_values.process_id,
         )
-    from bert_jax import checkpointing, sharding, train
+    from bert_jax import checkpointing, pretraining_input, sharding
     from bert_jax.config import BertConfig
 
     with open(flag_values.model_config, encoding="utf-8") as f:
@@ -135,7 +135,7 @@ def main(argv: list[str]) -> None:
 
     manager = checkpointing.make_manager(os.path.join(flag_values.output_dir, "checkpoints"))
     position = {"epoch": 0, "batch_in_epoch": len(batches), "process": index}
-    positions = train._gather_positions(position)
+    positions = pretraining_input.gather_positions(position)
     checkpointing.save(manager, len(batches), state, positions, {"driver": "multihost"})
     manager.wait_until_finished()
     manager.close()

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 import synthetic_pretraining as synth
 
-from bert_jax import checkpointing, rollback, train
+from bert_jax import checkpointing, pretraining_input, rollback, train
 from bert_jax.config import MISSING, ModelChangeError, model_changes
 from experiments.configs import bert_tiny_cpu
 
@@ -75,10 +75,12 @@ def _positions(workdir, step=None) -> list:
 def _advanced(config, positions, batches: int):
     """Every process's data position `batches` batches after `positions` (through the
     iterator: a position is opaque JSON)."""
-    data = train.train_input(config, train.data_position(positions), mask_config=None)
+    data = pretraining_input.train_input(
+        config, pretraining_input.data_position(positions), mask_config=None
+    )
     for _ in range(batches):
         next(data)
-    return train._gather_positions(data.position)
+    return pretraining_input.gather_positions(data.position)
 
 
 def _records(path) -> list[dict]:
