@@ -98,3 +98,18 @@ def tiny_config_overrides(data_dir: str) -> list[str]:
         "--config.optimizer.warmup_steps=2",
         "--config.eval_steps=2",
     ]
+
+
+def tiny_config(data_dir: str):
+    """bert_tiny_cpu.py's config with `tiny_config_overrides` applied, for in-process runs."""
+    from experiments.configs import bert_tiny_cpu
+
+    config = bert_tiny_cpu.get_config()
+    for flag in tiny_config_overrides(data_dir):
+        path, value = flag.removeprefix("--config.").split("=", 1)
+        *parents, key = path.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[key] = int(value) if node[key] is None else type(node[key])(value)
+    return config

@@ -62,6 +62,7 @@ def _env(cache, devices):
 
 
 def _command(workdir, data_dir, *extra):
+    # Not test_resume's: a config flag given twice is not overridden (tuples append).
     return [
         sys.executable,
         "-m",

@@ -297,16 +297,7 @@ PRNG_STEPS, PRNG_STOP = 4, 2
 def _tiny_config(data_dir, prng_impl: str, stop_at_step=None):
     """bert_tiny_cpu.py on the synthetic records (the subprocess runs' flags), 4 steps on a
     4 data x 2 tensor mesh, dropout keys in `prng_impl`."""
-    from experiments.configs import bert_tiny_cpu
-
-    config = bert_tiny_cpu.get_config()
-    for flag in synth.tiny_config_overrides(str(data_dir)):
-        path, value = flag.removeprefix("--config.").split("=", 1)
-        *parents, key = path.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[key] = int(value) if node[key] is None else type(node[key])(value)
+    config = synth.tiny_config(str(data_dir))
     config.data.eval_files = ""  # the final state covers what evaluation would compare
     config.num_train_steps = PRNG_STEPS
     config.stop_at_step = stop_at_step

@@ -37,14 +37,7 @@ def data_dir(tmp_path_factory):
 
 def _config(data_dir, **changes):
     """bert_tiny_cpu.py on the synthetic records: STEPS steps, rollback on, no evaluation."""
-    config = bert_tiny_cpu.get_config()
-    for flag in synth.tiny_config_overrides(str(data_dir)):
-        path, value = flag.removeprefix("--config.").split("=", 1)
-        *parents, key = path.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[key] = int(value) if node[key] is None else type(node[key])(value)
+    config = synth.tiny_config(str(data_dir))
     config.data.eval_files = ""
     config.num_train_steps = STEPS
     config.log_every = LOG_EVERY
