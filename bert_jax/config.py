@@ -99,6 +99,10 @@ class BertConfig:
     # paper's "LTR" ablation, in pretraining and fine-tuning alike; the pooled output is then
     # the last real token's (see `bert_jax.model.BertModel`). HF's `is_decoder`.
     causal: bool = False
+    # Width E of the embedding tables, projected to hidden_size by a dense layer when they
+    # differ (ELECTRA's factorised embeddings: ELECTRA-Small has E=128, H=256; a generator
+    # shares the discriminator's tables at its own H). None: E = hidden_size, plain BERT.
+    embedding_size: int | None = None
 
     def __post_init__(self):
         problems = []
@@ -141,6 +145,9 @@ class BertConfig:
                 f"attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, got "
                 f"{self.attention_implementation!r}"
             )
+        size = self.embedding_size
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
+            problems.append(f"embedding_size must be a positive integer or None, got {size!r}")
         if not isinstance(self.causal, bool):
             problems.append(f"causal must be True or False, got {self.causal!r}")
         if problems:
@@ -149,6 +156,11 @@ class BertConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def embedding_width(self) -> int:
+        """E, the width of the embedding tables (hidden_size unless `embedding_size` says)."""
+        return self.embedding_size or self.hidden_size
 
     def replace(self, **changes: Any) -> BertConfig:
         """A copy with `changes` applied (validated again)."""
@@ -215,6 +227,14 @@ class BertConfig:
         return self._architecture_dict()
 
     def _architecture_dict(self) -> dict[str, Any]:
+        if self.embedding_width != self.hidden_size:
+            # Neither BERT format has the projection: their BertModel would read an (V, E)
+            # table as (V, H) and fail, so the file is refused here, by name.
+            raise ConfigError(
+                f"embedding_size {self.embedding_size} != hidden_size {self.hidden_size}: "
+                "BERT's config files have no embedding projection (an ELECTRA model exports "
+                "as transformers' Electra classes)"
+            )
         return {
             "attention_probs_dropout_prob": self.attention_probs_dropout_prob,
             "hidden_act": "gelu" if self.hidden_act == "gelu_tanh" else "gelu_exact",
@@ -325,6 +345,7 @@ COMPARED_FIELDS = (
     "layer_norm_eps",
     "dtype",
     "param_dtype",
+    "embedding_size",
 )
 # The fields a preset sets (`BertConfig.from_preset`).
 _PRESET_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
