@@ -224,17 +224,14 @@ class BertConfig:
                 "google-research/bert has no causal attention and would run it bidirectionally; "
                 "write the HF config.json (is_decoder=true) instead"
             )
+        if self.embedding_width != self.hidden_size:
+            raise ConfigError(
+                f"embedding_size {self.embedding_size} != hidden_size {self.hidden_size} has no "
+                "Google bert_config.json: google-research/bert has no embedding projection"
+            )
         return self._architecture_dict()
 
     def _architecture_dict(self) -> dict[str, Any]:
-        if self.embedding_width != self.hidden_size:
-            # Neither BERT format has the projection: their BertModel would read an (V, E)
-            # table as (V, H) and fail, so the file is refused here, by name.
-            raise ConfigError(
-                f"embedding_size {self.embedding_size} != hidden_size {self.hidden_size}: "
-                "BERT's config files have no embedding projection (an ELECTRA model exports "
-                "as transformers' Electra classes)"
-            )
         return {
             "attention_probs_dropout_prob": self.attention_probs_dropout_prob,
             "hidden_act": "gelu" if self.hidden_act == "gelu_tanh" else "gelu_exact",
@@ -256,6 +253,9 @@ class BertConfig:
         the same causal-and-padding mask (its pooler still reads [CLS]: see `BertModel`).
         """
         causal = {"is_decoder": True} if self.causal else {}
+        # transformers' BertConfig keeps a key it does not know; our params-only Orbax
+        # directories (`bert_jax.convert.save_params`) read it back.
+        factorised = {} if self.embedding_size is None else {"embedding_size": self.embedding_size}
         return {
             "architectures": ["BertForPreTraining"],
             "model_type": "bert",
@@ -263,6 +263,7 @@ class BertConfig:
             # "gelu_new", not "gelu_pytorch_tanh": the tanh formula itself, op for op.
             "hidden_act": "gelu_new" if self.hidden_act == "gelu_tanh" else "gelu",
             **causal,
+            **factorised,
             "layer_norm_eps": self.layer_norm_eps,
             "pad_token_id": 0,
             "position_embedding_type": "absolute",

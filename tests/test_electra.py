@@ -13,8 +13,13 @@ import numpy as np
 import optax
 import pytest
 
+from bert_jax import convert
 from bert_jax.config import BertConfig, ConfigError
-from bert_jax.convert.electra import hf_electra_config, to_hf_electra_state_dicts
+from bert_jax.convert.electra import (
+    hf_electra_config,
+    save_hf_electra,
+    to_hf_electra_state_dicts,
+)
 from bert_jax.electra import (
     DISC_WEIGHT,
     ElectraForPreTraining,
@@ -23,6 +28,7 @@ from bert_jax.electra import (
     generator_config,
     rtd_loss,
 )
+from bert_jax.heads import BertForSequenceClassification
 from bert_jax.model import BertModel
 
 torch = pytest.importorskip("torch")
@@ -187,6 +193,76 @@ def test_discriminator_is_a_bert_encoder():
     assert set(params["generator"]) == {"embeddings_project", "encoder", "mlm"}
     # Nothing of the embeddings is the generator's own: they are `bert`'s, shared.
     assert "embeddings" not in params["generator"]
+
+
+def test_export_loads_in_transformers_with_no_missing_weights(tmp_path):
+    disc, gen = PAIRS["small"]
+    model = ElectraForPreTraining(disc, gen)
+    batch = _batch()
+    params = _params(model, batch)
+    out = _run(model, params, batch)
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"[unused{i}]\n" for i in range(disc.vocab_size)))
+    save_hf_electra(tmp_path / "hf", disc, gen, params, vocab_file=str(vocab))
+    inputs = {
+        "attention_mask": torch.tensor(np.asarray(batch["input_mask"]), dtype=torch.long),
+        "token_type_ids": torch.tensor(np.asarray(batch["segment_ids"]), dtype=torch.long),
+    }
+    expected = [
+        (
+            transformers.ElectraForPreTraining,
+            tmp_path / "hf",
+            out.replaced_ids,
+            out.disc_logits,
+        ),
+        (
+            transformers.ElectraForMaskedLM,
+            tmp_path / "hf" / "generator",
+            batch["input_ids"],
+            out.mlm_logits,
+        ),
+    ]
+    for cls, directory, ids, ours in expected:
+        theirs, info = cls.from_pretrained(directory, output_loading_info=True)
+        assert not any(info.values()), info  # no missing, unexpected or mismatched key
+        assert (directory / "vocab.txt").exists()
+        with torch.no_grad():
+            logits = theirs.eval()(torch.tensor(np.asarray(ids), dtype=torch.long), **inputs)
+        logits = logits.logits.numpy()
+        if logits.ndim == 3:  # the generator's, at every position: compare the masked ones
+            positions = np.asarray(batch["masked_lm_positions"])
+            logits = np.take_along_axis(logits, positions[..., None], axis=1)
+        assert np.abs(logits - np.asarray(ours)).max() < TOL
+
+
+def test_the_discriminator_restores_for_fine_tuning(tmp_path, caplog):
+    """`bert` of an ELECTRA-Small model (E < H, projected) imports into a BERT head model."""
+    disc, gen = PAIRS["small"]
+    model = ElectraForPreTraining(disc, gen)
+    batch = _batch()
+    params = _params(model, batch)
+    convert.save_params(tmp_path / "params", disc, {"bert": params["bert"]})
+    classifier = BertForSequenceClassification(disc, num_labels=3)
+    config, restored, _ = convert.load_pretrained(tmp_path / "params", model=classifier)
+    assert config == disc
+    for path, value in convert.names.flatten(params["bert"]):
+        np.testing.assert_array_equal(convert.names.get_path(restored["bert"], path), value)
+    assert set(restored) == {"bert", "classifier"} and "pooler" in restored["bert"]
+    assert "initialising head 'bert/pooler' from scratch" in caplog.text
+    ids, mask, types = batch["input_ids"], batch["input_mask"], batch["segment_ids"]
+    assert classifier.apply({"params": restored}, ids, mask, types).shape == (B, 3)
+
+
+def test_embedding_size_in_the_config_files():
+    with pytest.raises(ConfigError, match="embedding_size must be a positive integer"):
+        DISC.replace(embedding_size=0)
+    assert BertConfig.from_dict(DISC.to_hf_dict()) == DISC
+    assert "embedding_size" not in BertConfig().to_hf_dict()
+    with pytest.raises(ConfigError, match="no embedding projection"):
+        DISC.to_google_dict()
+    params = nn.meta.unbox(BertModel(DISC).init(jax.random.key(0), jnp.zeros((1, 2), int)))
+    with pytest.raises(convert.ConversionError, match="bert_jax.convert.electra"):
+        convert.to_hf_state_dict(DISC, params["params"])
 
 
 def test_sampling_replaces_only_masked_positions_and_a_reproduced_token_is_original():

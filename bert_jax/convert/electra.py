@@ -8,6 +8,9 @@ layers have BERT's names (`bert_jax.convert.names.layer_specs`) under `electra.`
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +18,7 @@ import numpy as np
 
 from bert_jax.config import BertConfig, ConfigError
 from bert_jax.convert.names import (
+    PROJECT_SPECS,
     ConversionError,
     TensorSpec,
     _dense,
@@ -25,8 +29,11 @@ from bert_jax.convert.names import (
     layer_specs,
     unstack_layers,
 )
+from bert_jax.convert.readers import check_vocab, writing_dir
 
-_PROJECT = _dense(("embeddings_project",), "embeddings_project", "embeddings_project")
+# What transformers loads each directory as: the discriminator, then the generator.
+ARCHITECTURES = ("ElectraForPreTraining", "ElectraForMaskedLM")
+
 DISCRIMINATOR_HEAD_SPECS = [
     *_dense(("rtd", "transform"), "discriminator_predictions.dense", ""),
     *_dense(("rtd", "output"), "discriminator_predictions.dense_prediction", ""),
@@ -86,7 +93,7 @@ def _tensors(parts) -> dict[str, np.ndarray]:
 
 def _encoder(config: BertConfig) -> list[TensorSpec]:
     specs = [spec for i in range(config.num_hidden_layers) for spec in layer_specs(i)]
-    return specs + (_PROJECT if config.embedding_width != config.hidden_size else [])
+    return specs + (PROJECT_SPECS if config.embedding_width != config.hidden_size else [])
 
 
 def to_hf_electra_state_dicts(
@@ -128,3 +135,38 @@ def _flat(tree):
             yield from _flat(value)
         else:
             yield value
+
+
+def save_hf_electra(
+    output_dir: str | os.PathLike,
+    config: BertConfig,
+    generator: BertConfig,
+    params: Mapping,
+    *,
+    vocab_file: str | None = None,
+    overwrite: bool = False,
+) -> str:
+    """Writes the discriminator to `output_dir` and the generator to `output_dir/generator`.
+
+    `transformers.ElectraForPreTraining.from_pretrained(output_dir)` and
+    `ElectraForMaskedLM.from_pretrained(output_dir + "/generator")` load them with no missing
+    or unexpected keys; vocab.txt, when given, is copied into both.
+    """
+    from safetensors.numpy import save_file
+
+    output_dir = os.fspath(output_dir)
+    check_vocab(vocab_file, config)
+    states = to_hf_electra_state_dicts(config, generator, params)
+    models = zip(("", "generator"), (config, generator), ARCHITECTURES, states, strict=True)
+    with writing_dir(output_dir, overwrite) as tmp:
+        for sub, model_config, architecture, state in models:
+            directory = os.path.join(tmp, sub)
+            os.makedirs(directory, exist_ok=True)
+            weights = os.path.join(directory, "model.safetensors")
+            save_file(state, weights, metadata={"format": "pt"})
+            hf_config = hf_electra_config(model_config, architecture)
+            with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+                json.dump(hf_config, f, indent=2, sort_keys=True)
+            if vocab_file:
+                shutil.copyfile(vocab_file, os.path.join(directory, "vocab.txt"))
+    return output_dir
