@@ -89,6 +89,8 @@ def check_generator(config: BertConfig, generator: BertConfig) -> None:
 
 
 class ElectraOutput(NamedTuple):
+    """What `ElectraForPreTraining` computes; `electra_loss` turns it into the loss."""
+
     mlm_logits: jax.Array  # (B, P, V) the generator's, at masked_lm_positions
     sampled_ids: jax.Array  # (B, P) int the generator's samples at those positions
     replaced_ids: jax.Array  # (B, T) int the discriminator's input
@@ -157,7 +159,8 @@ class ElectraForPreTraining(nn.Module):
 
     `config` is the discriminator's (the encoder being pretrained), `generator_config` the
     generator's (`generator_config()` derives the paper's); they must agree on what they
-    share (`check_generator`).
+    share (`check_generator`). Rows are unpacked (one instance each): packed rows' inputs
+    (`position_ids`, `instance_ids`) are not taken.
     """
 
     config: BertConfig
@@ -189,8 +192,8 @@ class ElectraForPreTraining(nn.Module):
         mlm_logits = self.generator(
             embedded, mask, masked_lm_positions, word_table, deterministic
         )  # (B, P, V)
-        # Sampling is not differentiable, and the paper does not try to: the discriminator's
-        # loss reaches the generator through the shared embeddings only.
+        # Sampling is not differentiable and the paper does not try to make it so: the
+        # discriminator's loss reaches the shared embeddings, never the generator's weights.
         logits = jax.lax.stop_gradient(mlm_logits).astype(jnp.float32)
         sampled = jax.random.categorical(sample_key, logits).astype(input_ids.dtype)  # (B, P)
         original = original_ids(input_ids, masked_lm_positions, masked_lm_ids, masked_lm_weights)

@@ -399,3 +399,60 @@ def test_a_few_adamw_steps_lower_the_loss():
     assert last["loss"] < 0.7 * first["loss"], (first, last)
     assert last["mlm_loss"] < first["mlm_loss"], (first, last)
     assert last["disc_accuracy"] > first["disc_accuracy"], (first, last)
+
+
+def test_scanned_layers_compute_the_same():
+    """`scan_layers` stacks both encoders' layers; the outputs are the looped model's."""
+    disc, gen = PAIRS["small"]
+    batch = _batch()
+    looped = ElectraForPreTraining(disc, gen)
+    params = _params(looped, batch)
+    scanned = ElectraForPreTraining(disc.replace(scan_layers=True), gen.replace(scan_layers=True))
+    stacked = jax.tree_util.tree_map(lambda x: x, params)
+    for model, config in (("bert", disc), ("generator", gen)):
+        encoder = stacked[model]["encoder"]
+        stacked[model]["encoder"] = convert.stack_layers(encoder, config.num_hidden_layers)
+    template = nn.meta.unbox(scanned.init(jax.random.key(0), *_args(batch), jax.random.key(1)))
+    shapes = jax.tree_util.tree_map(jnp.shape, template["params"])
+    assert jax.tree_util.tree_map(jnp.shape, stacked) == shapes
+    ours, theirs = _run(looped, params, batch), _run(scanned, stacked, batch)
+    np.testing.assert_array_equal(ours.replaced_ids, theirs.replaced_ids)
+    np.testing.assert_allclose(ours.mlm_logits, theirs.mlm_logits, atol=1e-6)
+    np.testing.assert_allclose(ours.disc_logits, theirs.disc_logits, atol=1e-6)
+
+
+def test_sharded_on_a_mesh_equals_one_device():
+    """Every new parameter has logical names the rule table maps (params born sharded over
+    fsdp and tensor); the sharded forward pass is the single-device one."""
+    from bert_jax import sharding
+
+    disc = PAIRS["small"][0].replace(vocab_size=104)  # divisible by the tensor axis
+    gen = generator_config(disc, hidden_fraction=0.5)  # 16 wide: 2 heads of 8 dims
+    gen = gen.replace(num_attention_heads=2)
+    model = ElectraForPreTraining(disc, gen)
+    rows = [_batch(seed) for seed in range(3)]
+    batch = {k: jnp.concatenate([r[k] for r in rows])[:8] for k in rows[0] if k != "original"}
+    args = _args(batch)
+    mesh = sharding.create_mesh((2, 2, 2))
+
+    def init(key):
+        return model.init(key, *args, jax.random.key(1))
+
+    abstract = jax.eval_shape(init, jax.random.key(0))
+    names = nn.get_partition_spec(abstract)["params"]
+    assert names["bert"]["embeddings_project"]["kernel"] == jax.sharding.PartitionSpec(
+        "embed", "mlp"
+    )
+    with sharding.activation_context(mesh):
+        variables = jax.jit(init, out_shardings=sharding.shardings_of(abstract, mesh))(
+            jax.random.key(0)
+        )
+        kernel = nn.meta.unbox(variables)["params"]["generator"]["encoder"]["layer_0"]
+        kernel = kernel["intermediate"]["kernel"]  # (embed, mlp) -> (fsdp, tensor)
+        assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+        params = nn.meta.unbox(variables)["params"]
+        sharded = jax.jit(lambda p: _run(model, p, batch))(params)
+    single = _run(model, jax.device_get(params), batch)
+    np.testing.assert_array_equal(sharded.replaced_ids, single.replaced_ids)
+    np.testing.assert_allclose(sharded.disc_logits, single.disc_logits, atol=1e-5)
+    np.testing.assert_allclose(sharded.mlm_logits, single.mlm_logits, atol=1e-5)
