@@ -111,7 +111,8 @@ def _params(model, batch, seed=0):
 
 
 def _run(model, params, batch, key=2):
-    return model.apply({"params": params}, *_args(batch), jax.random.key(key))
+    key = jax.random.key(key) if isinstance(key, int) else key
+    return model.apply({"params": params}, *_args(batch), key)
 
 
 def _hf(config, architecture, state):
@@ -456,3 +457,29 @@ def test_sharded_on_a_mesh_equals_one_device():
     np.testing.assert_array_equal(sharded.replaced_ids, single.replaced_ids)
     np.testing.assert_allclose(sharded.disc_logits, single.disc_logits, atol=1e-5)
     np.testing.assert_allclose(sharded.mlm_logits, single.mlm_logits, atol=1e-5)
+
+
+def test_samples_follow_the_generators_softmax():
+    """Temperature 1: over many keys, each masked position's samples have the frequencies
+    softmax(mlm_logits) gives (not the argmax, not another temperature)."""
+    disc, gen = PAIRS["small"]
+    model = ElectraForPreTraining(disc, gen)
+    batch = _batch()
+    params = jax.tree_util.tree_map(lambda x: x, _params(model, batch))
+    # Three likely tokens (about 0.45, 0.27, 0.17 of the mass) and a tail of 98 others.
+    bias = params["generator"]["mlm"]["output_bias"]
+    params["generator"]["mlm"]["output_bias"] = bias.at[jnp.array([7, 8, 9])].add(
+        jnp.array([6.0, 5.5, 5.0])
+    )
+    n = 4000
+    keys = jax.random.split(jax.random.key(5), n)
+    sampled = jax.jit(jax.vmap(lambda k: _run(model, params, batch, k).sampled_ids))(keys)
+    probs = np.asarray(jax.nn.softmax(_run(model, params, batch).mlm_logits, axis=-1))
+    real = np.asarray(batch["masked_lm_weights"]) > 0
+    sampled = np.asarray(sampled)  # (n, B, P)
+    for b, j in zip(*np.nonzero(real), strict=True):
+        for token in (7, 8, 9, 20):
+            p = probs[b, j, token]
+            freq = np.mean(sampled[:, b, j] == token)
+            assert abs(freq - p) < 5 * np.sqrt(p * (1 - p) / n) + 1e-3, (b, j, token, freq, p)
+    assert 0.3 < probs[real][:, 7].min() and probs[real][:, 7].max() < 0.6
