@@ -99,6 +99,10 @@ class BertConfig:
     # paper's "LTR" ablation, in pretraining and fine-tuning alike; the pooled output is then
     # the last real token's (see `bert_jax.model.BertModel`). HF's `is_decoder`.
     causal: bool = False
+    # Width E of the embedding tables, projected to hidden_size by a dense layer when they
+    # differ (ELECTRA's factorised embeddings: ELECTRA-Small has E=128, H=256; a generator
+    # shares the discriminator's tables at its own H). None: E = hidden_size, plain BERT.
+    embedding_size: int | None = None
 
     def __post_init__(self):
         problems = []
@@ -141,6 +145,9 @@ class BertConfig:
                 f"attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, got "
                 f"{self.attention_implementation!r}"
             )
+        size = self.embedding_size
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
+            problems.append(f"embedding_size must be a positive integer or None, got {size!r}")
         if not isinstance(self.causal, bool):
             problems.append(f"causal must be True or False, got {self.causal!r}")
         if problems:
@@ -149,6 +156,11 @@ class BertConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def embedding_width(self) -> int:
+        """E, the width of the embedding tables (hidden_size unless `embedding_size` says)."""
+        return self.embedding_size or self.hidden_size
 
     def replace(self, **changes: Any) -> BertConfig:
         """A copy with `changes` applied (validated again)."""
@@ -212,6 +224,11 @@ class BertConfig:
                 "google-research/bert has no causal attention and would run it bidirectionally; "
                 "write the HF config.json (is_decoder=true) instead"
             )
+        if self.embedding_width != self.hidden_size:
+            raise ConfigError(
+                f"embedding_size {self.embedding_size} != hidden_size {self.hidden_size} has no "
+                "Google bert_config.json: google-research/bert has no embedding projection"
+            )
         return self._architecture_dict()
 
     def _architecture_dict(self) -> dict[str, Any]:
@@ -236,6 +253,9 @@ class BertConfig:
         the same causal-and-padding mask (its pooler still reads [CLS]: see `BertModel`).
         """
         causal = {"is_decoder": True} if self.causal else {}
+        # transformers' BertConfig keeps a key it does not know; our params-only Orbax
+        # directories (`bert_jax.convert.save_params`) read it back.
+        factorised = {} if self.embedding_size is None else {"embedding_size": self.embedding_size}
         return {
             "architectures": ["BertForPreTraining"],
             "model_type": "bert",
@@ -243,6 +263,7 @@ class BertConfig:
             # "gelu_new", not "gelu_pytorch_tanh": the tanh formula itself, op for op.
             "hidden_act": "gelu_new" if self.hidden_act == "gelu_tanh" else "gelu",
             **causal,
+            **factorised,
             "layer_norm_eps": self.layer_norm_eps,
             "pad_token_id": 0,
             "position_embedding_type": "absolute",
@@ -325,6 +346,7 @@ COMPARED_FIELDS = (
     "layer_norm_eps",
     "dtype",
     "param_dtype",
+    "embedding_size",
 )
 # The fields a preset sets (`BertConfig.from_preset`).
 _PRESET_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")

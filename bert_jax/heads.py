@@ -32,18 +32,22 @@ def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
 
 
 class MaskedLMHead(nn.Module):
-    """dense + GELU + LayerNorm transform, then the decoder tied to the word embeddings."""
+    """dense + GELU + LayerNorm transform, then the decoder tied to the word embeddings.
+
+    The transform maps H to the table's width E (`config.embedding_width`), as ELECTRA's
+    generator head does when its embeddings are narrower or wider than its hidden states.
+    """
 
     config: BertConfig
 
     @nn.compact
     def __call__(self, states: jax.Array, word_table: jax.Array) -> jax.Array:
         cfg = self.config
-        h = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "transform")(states)
+        h = dense(cfg, cfg.embedding_width, ("embed", "mlp"), "transform")(states)
         h = activation(cfg)(h)
         h = layer_norm(cfg, "layer_norm")(h)
         bias = self.param("output_bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
-        # (B, P, H) @ (H, V): the tied table's gradient stays f32 (`model.matmul`).
+        # (B, P, E) @ (E, V): the tied table's gradient stays f32 (`model.matmul`).
         logits = matmul(h, word_table.T, 1, cfg.dtype)  # (B, P, V)
         return constrain(logits + bias, ("batch", "length", "vocab"))
 

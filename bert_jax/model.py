@@ -209,13 +209,18 @@ def attention_bias(mask: jax.Array) -> jax.Array:
 
 
 class Embeddings(nn.Module):
-    """word + position + token-type embeddings, then LayerNorm and dropout."""
+    """word + position + token-type embeddings, then LayerNorm and dropout.
+
+    The tables are `config.embedding_width` (E) wide; `BertModel` projects E to H.
+    """
 
     config: BertConfig
 
     def setup(self):
         cfg = self.config
-        embed = functools.partial(nn.Embed, features=cfg.hidden_size, param_dtype=cfg.param_dtype)
+        embed = functools.partial(
+            nn.Embed, features=cfg.embedding_width, param_dtype=cfg.param_dtype
+        )
         self.word_embeddings = embed(
             cfg.vocab_size, embedding_init=weight_init(cfg, ("vocab", "embed"))
         )
@@ -235,7 +240,7 @@ class Embeddings(nn.Module):
                 f"input_ids has length {length} > max_position_embeddings "
                 f"{self.config.max_position_embeddings}"
             )
-        x = self.word_embeddings(input_ids)  # (B, T, H)
+        x = self.word_embeddings(input_ids)  # (B, T, E)
         if position_ids is None:  # one instance per row: positions 0..T-1
             x = x + self.position_embeddings(jnp.arange(length))[None]
         else:  # packed rows: positions restart at 0 with each instance
@@ -246,7 +251,7 @@ class Embeddings(nn.Module):
         return constrain(x, ("batch", "length", "embed"))
 
     def word_table(self) -> jax.Array:
-        """The (V, H) word-embedding table, for the tied MLM decoder."""
+        """The (V, E) word-embedding table, for the tied MLM decoder."""
         return self.word_embeddings.embedding
 
 
@@ -405,6 +410,12 @@ class BertModel(nn.Module):
 
     def setup(self):
         self.embeddings = Embeddings(self.config)
+        if self.config.embedding_width != self.config.hidden_size:
+            # ELECTRA's factorised embeddings: a (V, E) table and one E -> H projection cost
+            # fewer parameters than a (V, H) table when E < H.
+            self.embeddings_project = dense(
+                self.config, self.config.hidden_size, ("embed", "mlp"), "embeddings_project"
+            )
         self.encoder = Encoder(self.config)
         if self.add_pooling_layer:
             self.pooler = dense(self.config, self.config.hidden_size, ("embed", "mlp"), "pooler")
@@ -431,6 +442,7 @@ class BertModel(nn.Module):
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         embedded = self.embeddings(input_ids, token_type_ids, deterministic, position_ids)
+        embedded = self.project(embedded)
         causal = self.config.causal
         mask = attention_mask(input_mask, instance_ids, causal)
         x, hidden = self.encoder(embedded, mask, deterministic, output_hidden_states)
@@ -453,6 +465,13 @@ class BertModel(nn.Module):
             pooled = jnp.tanh(self.pooler(cls_states).astype(jnp.float32))
         states = (embedded, *hidden) if output_hidden_states else ()
         return BertOutput(x, pooled, states)
+
+    def project(self, embedded: jax.Array) -> jax.Array:
+        """(B, T, E) embeddings -> (B, T, H) encoder input (the identity when E = H)."""
+        if self.config.embedding_width == self.config.hidden_size:
+            return embedded
+        x = self.embeddings_project(embedded)
+        return constrain(x, ("batch", "length", "embed"))
 
     def word_table(self) -> jax.Array:
         return self.embeddings.word_table()

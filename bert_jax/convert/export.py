@@ -48,6 +48,12 @@ def _hf_architecture(params: Params, causal: bool = False) -> str:
 
 def to_hf_state_dict(config: BertConfig, params: Mapping) -> tuple[dict[str, np.ndarray], str]:
     """Our params (either layout) -> (HF state dict in float32, transformers class name)."""
+    if config.embedding_width != config.hidden_size:
+        raise ConversionError(
+            f"embedding_size {config.embedding_size} != hidden_size {config.hidden_size}: "
+            "transformers' Bert classes have no embedding projection (an ELECTRA model "
+            "exports with bert_jax.convert.electra)"
+        )
     params = with_layout(as_numpy(params), scan_layers=False, num_layers=config.num_hidden_layers)
     arch = _hf_architecture(params, config.causal)
     enc = params.get("bert", params)

@@ -15,6 +15,7 @@ from bert_jax.convert.names import (
     HEAD_SPECS,
     LAYER_INDEX,
     POOLER_SPECS,
+    PROJECT_SPECS,
     TIED_DECODER,
     ConversionError,
     Params,
@@ -77,7 +78,10 @@ def _fill(source: Source, module: nn.Module, config: BertConfig, rng) -> Params:
     enc_template = get_path(template, enc_prefix)
 
     params: Params = {}
-    for spec in encoder_specs(config.num_hidden_layers):
+    specs = encoder_specs(config.num_hidden_layers)
+    if "embeddings_project" in enc_template:  # embedding_size != hidden_size (ELECTRA-Small)
+        specs += PROJECT_SPECS
+    for spec in specs:
         value = source.take(spec, get_path(enc_template, spec.path).shape, dtype)
         set_path(params, (*enc_prefix, *spec.path), value)
 

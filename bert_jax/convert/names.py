@@ -127,6 +127,9 @@ def encoder_specs(num_layers: int) -> list[TensorSpec]:
 
 
 POOLER_SPECS = _dense(("pooler",), "pooler.dense", "bert/pooler/dense")
+# The E -> H projection of an encoder whose embeddings are narrower (`embedding_size`): not
+# in BERT's formats; transformers' ElectraModel and google-research/electra name it so.
+PROJECT_SPECS = _dense(("embeddings_project",), "embeddings_project", "electra/embeddings_project")
 
 # Heads by their name in our trees. The MLM decoder matrix is the word-embedding table
 # (tied), so only its bias is a head tensor.
