@@ -7,7 +7,10 @@ against today's (which skips whole files by their record counts).
 
 1. Records: `create_pretraining_data` on `<corpus_dir>/train.txt` with `<corpus_dir>/vocab.txt`
    (`make pretrain-data` makes both), `--num_shards` shards of masked records with their
-   stats JSON (skipped when the workdir has them). `--dupe_factor` sets the epoch's size.
+   stats JSON (skipped when the workdir has them). `--dupe_factor` sets the epoch's size, and
+   `--repeat_records=K` multiplies it cheaply: each shard's bytes written K times over into
+   `<workdir>/xK/` (TFRecords are self-framed, so that is a valid shard of K times the
+   records; the epoch holds K copies of each, which changes nothing that is timed).
 2. For each fraction of the epoch, the position a run there would have saved (global
    batch `--batch`, one process, seed 0), then `--reps` times, in alternating order: build
    the iterator from that position and take one batch, with the `--baseline_rev` pipeline
@@ -51,6 +54,26 @@ def make_records(pattern: str) -> None:
     subprocess.run(command, check=True, cwd=REPO)
 
 
+def repeated(pattern: str, stats_path: str, times: int) -> tuple[str, str]:
+    """(pattern, stats JSON) of the shards of `pattern`, each written `times` times over."""
+    directory = os.path.join(FLAGS.workdir, f"x{times}")
+    with open(stats_path) as f:
+        stats = json.load(f)
+    paths = [os.path.join(directory, os.path.basename(p)) for p in stats["output_files"]]
+    out_stats = paths[0] + ".stats.json"
+    if not os.path.exists(out_stats):
+        os.makedirs(directory, exist_ok=True)
+        for source, target in zip(stats["output_files"], paths, strict=True):
+            with open(os.path.join(FLAGS.workdir, os.path.basename(source)), "rb") as f:
+                data = f.read()
+            with open(target, "wb") as f:
+                f.write(data * times)
+        counts = [count * times for count in stats["records_per_file"]]
+        with open(out_stats, "w") as f:
+            json.dump({"output_files": paths, "records_per_file": counts}, f)
+    return os.path.join(directory, os.path.basename(pattern)), out_stats
+
+
 def baseline_module() -> types.ModuleType:
     """The input pipeline module of `--baseline_rev`, imported from its source."""
     source = subprocess.run(
@@ -61,6 +84,7 @@ def baseline_module() -> types.ModuleType:
         text=True,
     ).stdout
     module = types.ModuleType("baseline_input_pipeline")
+    sys.modules[module.__name__] = module  # its dataclasses look their module up
     exec(compile(source, f"{FLAGS.baseline_rev}:input_pipeline.py", "exec"), module.__dict__)
     return module
 
@@ -90,12 +114,15 @@ def main(argv):
     stats += ".stats.json"
     if not os.path.exists(stats):
         make_records(pattern)
+    if FLAGS.repeat_records > 1:
+        pattern, stats = repeated(pattern, stats, FLAGS.repeat_records)
     with open(stats) as f:
         records = sum(json.load(f)["records_per_file"])
     batches = records // FLAGS.batch
     baseline = baseline_module()
     hidden = stats + ".hidden"
     results = {"records": records, "shards": FLAGS.num_shards, "batches_per_epoch": batches}
+    results["repeat_records"] = FLAGS.repeat_records
     for fraction in FLAGS.fractions:
         batch = int(fraction * batches)
         old_position = {
@@ -148,6 +175,7 @@ if __name__ == "__main__":
     flags.DEFINE_string("workdir", "/tmp/bench_resume", "Where the sharded records go.")
     flags.DEFINE_integer("num_shards", 256, "Shards of the epoch.")
     flags.DEFINE_integer("dupe_factor", 5, "Masked copies of the corpus: the epoch's size.")
+    flags.DEFINE_integer("repeat_records", 1, "Each shard written this many times over.")
     flags.DEFINE_integer("batch", 256, "Global batch (one process).")
     flags.DEFINE_multi_float("fractions", [0.1, 0.9], "Where in the epoch to resume.")
     flags.DEFINE_integer("reps", 3, "Measurements of each pipeline at each fraction.")

@@ -157,8 +157,9 @@ def record_counts(files: Sequence[str], compression: str | None = None) -> dict[
     """Records per file: from the stats JSONs beside them (`records_per_file`), else counted.
 
     `create_pretraining_data` writes `<first shard>.stats.json` with every shard's count;
-    files without one (e.g. the original BERT tool's) are read once, raw, and a warning
-    says how long that took.
+    the records of files without one (e.g. the original BERT tool's) are counted from their
+    framing (`tfrecord_files.count_records`: record lengths, the data seeked over; compressed
+    files are read), and a warning says how long that took.
     """
     counts: dict[str, int] = {}
     for directory in sorted({os.path.dirname(f) for f in files}):
@@ -174,8 +175,11 @@ def record_counts(files: Sequence[str], compression: str | None = None) -> dict[
     if missing:
         start = time.perf_counter()
         for path in missing:
-            dataset = tf.data.TFRecordDataset(path, compression_type=compression or "")
-            counts[path] = int(dataset.reduce(np.int64(0), lambda n, _: n + 1))
+            if compression:  # compressed framing has no lengths to seek by: read it
+                dataset = tf.data.TFRecordDataset(path, compression_type=compression)
+                counts[path] = int(dataset.reduce(np.int64(0), lambda n, _: n + 1))
+            else:
+                counts[path] = tfrecord_files.count_records(path)
         logging.warning(
             "counted the records of %d files without a stats JSON in %.1f s (first: %s)",
             len(missing),

@@ -82,6 +82,34 @@ def frame_records(records: Sequence[bytes]) -> list[bytes]:
 # ----------------------------------------------------------------------------- paths
 
 
+def count_records(path: str) -> int:
+    """Records in an uncompressed TFRecord file, from its framing alone: each record's
+    length is read and its data and CRCs are seeked over, never read or checked.
+
+    Raises:
+        ValueError: the file ends inside a record (truncated).
+    """
+    if _is_url(path):
+        import tensorflow as tf
+
+        f, size = tf.io.gfile.GFile(path, "rb"), tf.io.gfile.stat(path).length
+    else:
+        f, size = open(path, "rb"), os.path.getsize(path)
+    count = position = 0
+    with f:
+        while position < size:
+            header = f.read(8)
+            if len(header) < 8:
+                break
+            # uint64 length, uint32 CRC of it, the data, uint32 CRC of the data.
+            position += 8 + 4 + struct.unpack("<Q", header)[0] + 4
+            f.seek(position)
+            count += 1
+    if position != size:
+        raise ValueError(f"{path}: truncated TFRecord file (a record runs past its end)")
+    return count
+
+
 def shard_paths(output: str | Sequence[str], num_shards: int = 1) -> list[str]:
     """The output paths for `output`.
 

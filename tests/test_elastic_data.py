@@ -14,6 +14,7 @@ import os
 import numpy as np
 import protobuf_records
 import pytest
+import tensorflow as tf
 
 from data_pipelines import input_pipeline, tfrecord_files
 
@@ -215,10 +216,19 @@ def test_resuming_reads_no_file_of_the_skipped_groups(tmp_path):
     assert [_uids(next(resumed)) for _ in range(3)] == expected[14:]
 
 
-def test_record_counts_come_from_the_stats_json_else_from_reading(tmp_path):
+def test_record_counts_come_from_the_stats_json_else_from_the_framing(tmp_path):
     pattern = _write_files(str(tmp_path), [3, 5, 2], stats=False)
     paths = input_pipeline.list_files(pattern)
     assert input_pipeline.record_counts(paths) == dict(zip(paths, [3, 5, 2], strict=True))
+    # The framing's count is tf.data's, and a file cut inside a record is named.
+    assert [tfrecord_files.count_records(p) for p in paths] == [
+        int(tf.data.TFRecordDataset(p).reduce(np.int64(0), lambda n, _: n + 1)) for p in paths
+    ]
+    cut = str(tmp_path / "cut.tfrecord")
+    with open(paths[1], "rb") as f, open(cut, "wb") as out:
+        out.write(f.read()[:-3])
+    with pytest.raises(ValueError, match="cut.tfrecord: truncated TFRecord file"):
+        tfrecord_files.count_records(cut)
     with open(paths[0] + ".stats.json", "w") as f:  # the JSON wins: it is not read again
         json.dump({"output_files": paths[:2], "records_per_file": [30, 50]}, f)
     assert input_pipeline.record_counts(paths) == dict(zip(paths, [30, 50, 2], strict=True))
