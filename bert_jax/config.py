@@ -58,8 +58,10 @@ _JSON_ACTS = {
 
 # The pretraining objectives an experiment picks with `config.objective`, the rows of the
 # paper's Table 5: "mlm_nsp" masked LM + next sentence prediction (BERT), "mlm" masked LM
-# alone ("No NSP"), "ltr" a left-to-right LM, causal attention, no NSP ("LTR & No NSP").
-OBJECTIVES = ("mlm_nsp", "mlm", "ltr")
+# alone ("No NSP"), "ltr" a left-to-right LM, causal attention, no NSP ("LTR & No NSP");
+# beyond the paper, "electra" replaced-token detection (Clark et al. 2020, `bert_jax.electra`):
+# the encoder being pretrained is ELECTRA's discriminator, a small generator trains beside it.
+OBJECTIVES = ("mlm_nsp", "mlm", "ltr", "electra")
 
 
 def objective(config) -> str:

@@ -24,6 +24,11 @@ Parameter tree (`ElectraForPreTraining`):
     generator/   embeddings_project (when E != its H), encoder, mlm (transform, layer_norm,
                  output_bias)
     rtd/         the discriminator head: transform (H -> H), output (H -> 1)
+
+Pretraining (`config.objective = "electra"`, `bert_jax.train`) trains it with the loop and
+the step every objective shares: `train_loss` and `eval_step` here are the objective's loss
+and held-out metrics, the experiment config's `electra` block (`experiment_settings`) sizes
+the generator and weighs the discriminator's loss.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from bert_jax.config import BertConfig, ConfigError
 from bert_jax.heads import MaskedLMHead, gather_positions
 from bert_jax.losses import weighted_cross_entropy
 from bert_jax.model import BertModel, Encoder, activation, attention_mask, constrain, dense
+from bert_jax.train_state import UpdateLayout, gather_params
 
 # The discriminator loss weight λ of the paper (google-research/electra `disc_weight`).
 DISC_WEIGHT = 50.0
@@ -248,3 +254,83 @@ def electra_loss(
     }
     loss = mlm_loss + disc_weight * disc_loss
     return loss, {"loss": loss, **metrics}
+
+
+# --- pretraining: the experiment config's block, the loss of the train step, evaluation --------
+
+# The `electra` block of an experiment config (configs without it, or without a key: these).
+EXPERIMENT_DEFAULTS = {
+    "generator_hidden_fraction": 0.25,  # generator H / discriminator H (`generator_config`)
+    "generator_layer_fraction": 1.0,  # generator L / discriminator L
+    "disc_weight": DISC_WEIGHT,  # λ, the weight of the discriminator's loss
+}
+# The batch features `ElectraForPreTraining` takes, in the order of its positional arguments
+# (the sample key follows them).
+MODEL_INPUTS = (
+    "input_ids",
+    "input_mask",
+    "segment_ids",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "masked_lm_weights",
+)
+# The generator's samples in evaluation: one fixed key, so that each evaluation of the same
+# held-out batches corrupts them alike and the metrics move with the params alone.
+EVAL_SAMPLE_SEED = 0
+
+
+def experiment_settings(config) -> dict:
+    """The `electra` block of an experiment config (a ConfigDict, or such saved JSON)."""
+    block = config.get("electra") or {}
+    return {key: block.get(key, default) for key, default in EXPERIMENT_DEFAULTS.items()}
+
+
+def experiment_generator(config, discriminator: BertConfig) -> BertConfig:
+    """The generator an experiment config describes beside its model (the discriminator)."""
+    settings = experiment_settings(config)
+    return generator_config(
+        discriminator,
+        settings["generator_hidden_fraction"],
+        settings["generator_layer_fraction"],
+    )
+
+
+def model_inputs(batch: dict[str, jax.Array], sample_key: jax.Array) -> list[jax.Array]:
+    """The positional inputs of `ElectraForPreTraining` in `batch`, as `init` and `apply`
+    take them."""
+    return [batch[k] for k in MODEL_INPUTS] + [sample_key]
+
+
+def train_loss(params, batch, rng, *, model, disc_weight: float = DISC_WEIGHT):
+    """The ELECTRA loss of one batch under dropout: what the train step differentiates.
+
+    `rng` is the step's key (`make_step`: `fold_in(run key, step)`); it splits into the
+    dropout masks' key and the generator's sample key, two streams from (seed, step), so a
+    resumed run draws the same samples as the uninterrupted one.
+    """
+    dropout_rng, sample_key = jax.random.split(rng)
+    outputs = model.apply(
+        {"params": params},
+        *model_inputs(batch, sample_key),
+        deterministic=False,
+        rngs={"dropout": dropout_rng},
+    )
+    return electra_loss(outputs, batch, disc_weight)
+
+
+def eval_step(
+    params,
+    batch,
+    *,
+    model,
+    layout: UpdateLayout | None = None,
+    disc_weight: float = DISC_WEIGHT,
+):
+    """Held-out metrics of one batch: no dropout, the samples of `EVAL_SAMPLE_SEED`; params
+    stored split by the sharded weight update are first gathered (`layout`)."""
+    if layout is not None:
+        params = gather_params(params, layout)
+    sample_key = jax.random.key(EVAL_SAMPLE_SEED)
+    outputs = model.apply({"params": params}, *model_inputs(batch, sample_key))
+    _, metrics = electra_loss(outputs, batch, disc_weight)
+    return metrics

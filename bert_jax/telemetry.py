@@ -42,9 +42,48 @@ def forward_flops_per_sequence(config: BertConfig, seq_len: int, predictions: in
     return config.num_hidden_layers * per_layer + heads
 
 
-def train_flops_per_step(config: BertConfig, batch: int, seq_len: int, predictions: int):
-    """Forward + backward (2x forward) model FLOPs of one training step."""
-    return 3.0 * batch * forward_flops_per_sequence(config, seq_len, predictions)
+def _encoder_flops(config: BertConfig, seq_len: int) -> int:
+    """Matmul FLOPs of the E -> H projection (where E != H) and the layers, one sequence."""
+    h, i, t = config.hidden_size, config.intermediate_size, seq_len
+    per_layer = 8 * t * h * h + 4 * t * h * i + 4 * t * t * h  # QKV+out, FFN, QK^T and PV
+    project = 2 * t * config.embedding_width * h if config.embedding_width != h else 0
+    return project + config.num_hidden_layers * per_layer
+
+
+def electra_forward_flops_per_sequence(
+    config: BertConfig, generator: BertConfig, seq_len: int, predictions: int
+) -> int:
+    """Matmul FLOPs of one forward pass of ELECTRA (`bert_jax.electra`) for one sequence.
+
+    The discriminator (`config`): its encoder and the RTD head (H -> H, H -> 1) at every
+    position; the generator: its encoder and the MLM head at the `predictions` masked
+    positions (Hg -> E, E -> V tied). Each encoder projects E -> its H where they differ.
+    """
+    t, e, v = seq_len, config.embedding_width, config.vocab_size
+    h, g = config.hidden_size, generator.hidden_size
+    rtd = 2 * t * h * h + 2 * t * h
+    mlm = 2 * predictions * (g * e + e * v)
+    return _encoder_flops(config, t) + rtd + _encoder_flops(generator, t) + mlm
+
+
+def train_flops_per_step(
+    config: BertConfig,
+    batch: int,
+    seq_len: int,
+    predictions: int,
+    generator: BertConfig | None = None,
+):
+    """Forward + backward (2x forward) model FLOPs of one training step.
+
+    With `generator` (the "electra" objective), ELECTRA's: the generator's pass as well as
+    the discriminator's. Its backward is a full one too: the sample is cut from the graph,
+    but the generator's MLM loss trains all of it.
+    """
+    if generator is not None:
+        forward = electra_forward_flops_per_sequence(config, generator, seq_len, predictions)
+    else:
+        forward = forward_flops_per_sequence(config, seq_len, predictions)
+    return 3.0 * batch * forward
 
 
 def measure_cpu_peak_flops(dtype: str = "float32", size: int = 1024, repeats: int = 5) -> float:

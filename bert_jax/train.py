@@ -14,8 +14,10 @@ LM alone: no NSP head, no pooler, no NSP loss; train on single-segment records,
 attention, the loss predicts each next token through the MLM head; it reads unmasked
 single-segment records, `--masking=dynamic --next_sentence=false`, with
 `data.dynamic_masking=True` and `data.max_predictions_per_seq` equal to
-`data.max_seq_length`). `check_objective` names the config key of a combination that cannot
-work.
+`data.max_seq_length`). "electra" is replaced-token detection (`bert_jax.electra`): the model
+is the discriminator, a generator trains beside it on the same masked records (static or
+dynamic masking), unpacked; its loss and evaluation are `bert_jax.electra`'s, the step the
+same. `check_objective` names the config key of a combination that cannot work.
 
 Resume order (first that applies): a checkpoint in `<workdir>/checkpoints`, else
 `config.resume_from` (a full train state: params, optimizer, step), else
@@ -43,7 +45,15 @@ from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from bert_jax import checkpointing, optim, pretraining_input, rollback, sharding, telemetry
+from bert_jax import (
+    checkpointing,
+    electra,
+    optim,
+    pretraining_input,
+    rollback,
+    sharding,
+    telemetry,
+)
 from bert_jax.config import (
     MISSING,
     OBJECTIVES,
@@ -77,13 +87,20 @@ def check_objective(config: ml_collections.ConfigDict) -> None:
     """Refuses a config whose data cannot train its objective, naming the keys.
 
     Raises:
-        ConfigError: an unknown objective, or "ltr" without unmasked records
+        ConfigError: an unknown objective, "ltr" without unmasked records
             (`data.dynamic_masking`) or with `data.max_predictions_per_seq` !=
-            `data.max_seq_length` (the next-token targets fill one slot per position).
+            `data.max_seq_length` (the next-token targets fill one slot per position), or
+            "electra" on packed rows (`data.pack`).
     """
     name, data = objective(config), config.data
     if name not in OBJECTIVES:
         raise ConfigError(f"config.objective must be one of {OBJECTIVES}, got {name!r}")
+    if name == "electra" and data.get("pack", False):
+        # The generator and the discriminator read unpacked rows (`ElectraForPreTraining`
+        # takes no position_ids or instance_ids): packed instances would attend each other.
+        raise ConfigError(
+            "config.objective='electra' trains on unpacked rows: set config.data.pack=False"
+        )
     if name != "ltr":
         return
     if not data.dynamic_masking:
@@ -149,9 +166,36 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = Non
     return BertConfig.from_experiment(config.model, vocab_size, objective(config))
 
 
-def pretraining_model(config: ml_collections.ConfigDict, cfg: BertConfig) -> BertForPreTraining:
-    """The pretraining model of `config.objective`: with the NSP head for "mlm_nsp" only."""
+def pretraining_model(config: ml_collections.ConfigDict, cfg: BertConfig):
+    """The pretraining model of `config.objective`: with the NSP head for "mlm_nsp" only;
+    ELECTRA's generator and discriminator (`cfg`) for "electra"."""
+    if objective(config) == "electra":
+        return electra.ElectraForPreTraining(cfg, electra.experiment_generator(config, cfg))
     return BertForPreTraining(cfg, next_sentence=objective(config) == "mlm_nsp")
+
+
+def losses(config: ml_collections.ConfigDict) -> tuple:
+    """(train loss, eval step) of `config.objective`, both taking `model=`: the one step
+    (`make_step`) and the one loop run either."""
+    if objective(config) != "electra":
+        return train_loss, eval_step
+    weight = electra.experiment_settings(config)["disc_weight"]
+    return (
+        functools.partial(electra.train_loss, disc_weight=weight),
+        functools.partial(electra.eval_step, disc_weight=weight),
+    )
+
+
+def flops_per_step(config: ml_collections.ConfigDict, cfg: BertConfig) -> float:
+    """Model FLOPs of one train step of `config` (`telemetry.train_flops_per_step`), behind
+    the logged MFU and the AOT check's projection."""
+    generator = None
+    if objective(config) == "electra":
+        generator = electra.experiment_generator(config, cfg)
+    data = config.data
+    return telemetry.train_flops_per_step(
+        cfg, config.global_batch_size, data.max_seq_length, data.max_predictions_per_seq, generator
+    )
 
 
 def example_batch(
@@ -197,21 +241,24 @@ def jit_steps(
     rules=sharding.DEFAULT_RULES,
     batch_keys=records.BATCH,
     layout: UpdateLayout | None = None,
+    objective_losses: tuple = (train_loss, eval_step),
 ):
     """The jitted train and eval steps with explicit in/out shardings, for batches of
     `batch_keys` (`records.PACKED_BATCH` for packed batches); `layout` for a state stored
-    with the sharded weight update (`make_step`)."""
+    with the sharded weight update (`make_step`); `objective_losses` the objective's
+    (train loss, eval step) (`losses`)."""
+    loss_fn, eval_fn = objective_losses
     replicated = NamedSharding(mesh, PartitionSpec())
     data = sharding.batch_sharding(mesh, rules)
     batch_shardings = {k: data for k in batch_keys}
     step = jax.jit(
-        make_step(functools.partial(train_loss, model=model), tx, schedule, accum_steps, layout),
+        make_step(functools.partial(loss_fn, model=model), tx, schedule, accum_steps, layout),
         in_shardings=(shardings, batch_shardings, replicated),
         out_shardings=(shardings, replicated),
         donate_argnums=0,
     )
     evaluate = jax.jit(
-        functools.partial(eval_step, model=model, layout=layout),
+        functools.partial(eval_fn, model=model, layout=layout),
         in_shardings=(shardings.params, batch_shardings),
         out_shardings=replicated,
     )
@@ -222,7 +269,7 @@ class Setup(NamedTuple):
     """What a run of an experiment config trains, before anything is allocated."""
 
     model_config: BertConfig
-    model: BertForPreTraining
+    model: Any  # BertForPreTraining, or ElectraForPreTraining ("electra")
     tx: optax.GradientTransformation
     inputs: list[jax.Array]  # example model inputs: one example of the data's shapes
     abstract_state: TrainState  # shapes and dtypes (the restore target's)
@@ -248,7 +295,11 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
     data = config.data
     # Param shapes do not depend on the batch: init on one example, not a global batch that
     # the init closure would keep alive on device 0 for the whole run.
-    inputs = init_inputs(example_batch(1, data.max_seq_length, data.max_predictions_per_seq))
+    example = example_batch(1, data.max_seq_length, data.max_predictions_per_seq)
+    if objective(config) == "electra":  # the sample key's value does not reach the params
+        inputs = electra.model_inputs(example, jax.random.key(0))
+    else:
+        inputs = init_inputs(example)
     rules = sharding.rules_of(config)
     abstract_state, shardings = state_shardings(model, tx, mesh, inputs, rules)
     layout = None
@@ -261,7 +312,9 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
         if pretraining_input.max_instances_per_row(config) is None
         else records.PACKED_BATCH
     )
-    step_fn, eval_fn = jit_steps(model, tx, schedule, mesh, shardings, accum, rules, keys, layout)
+    step_fn, eval_fn = jit_steps(
+        model, tx, schedule, mesh, shardings, accum, rules, keys, layout, losses(config)
+    )
     return Setup(cfg, model, tx, inputs, abstract_state, shardings, step_fn, eval_fn, rules, layout)
 
 
@@ -398,7 +451,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     step_fn, eval_fn = run.train_step, run.eval_step
 
     # Two streams from the seed: the initialisation and the dropout masks (folded per step,
-    # in config.prng_impl). Neither is stored: a resumed run derives the same keys again.
+    # in config.prng_impl; "electra" splits each step's key into dropout and the generator's
+    # samples). Neither is stored: a resumed run derives the same keys again.
     init_rng, dropout_rng = run_keys(config.seed, config.prng_impl)
     state, position, source = _restore(
         config, workdir, run.abstract_state, shardings, tokenizer.vocab_size
@@ -437,9 +491,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     config_json = checkpointing.config_to_json(config) | {
         "data_identity": pretraining_input.data_identity(config)
     }
-    flops = telemetry.train_flops_per_step(
-        cfg, config.global_batch_size, data.max_seq_length, data.max_predictions_per_seq
-    )
+    flops = flops_per_step(config, cfg)
     peak = telemetry.peak_flops_per_device(cfg.dtype) * jax.device_count()
     guard = config.get("rollback")  # configs older than the block: none
     spikes = history = None

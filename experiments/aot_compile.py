@@ -397,7 +397,7 @@ def layout_of(config, mesh_shape: dict[str, int]) -> str:
 def check(config, topology: str, estimate: bool = True) -> FitReport:
     """Compiles `config` for the TPU slice `topology` and reports the fit (and, with
     `estimate`, the compiler's step time)."""
-    from bert_jax import telemetry
+    from bert_jax import train
 
     devices = slice_devices(topology)
     kind = devices[0].device_kind
@@ -417,9 +417,7 @@ def check(config, topology: str, estimate: bool = True) -> FitReport:
         hbm_bytes=device_hbm_bytes(kind),
         train=MemoryUse.of(compiled_train),
         evaluate=MemoryUse.of(compiled_eval),
-        flops_per_step=telemetry.train_flops_per_step(
-            cfg, config.global_batch_size, data.max_seq_length, data.max_predictions_per_seq
-        ),
+        flops_per_step=train.flops_per_step(config, cfg),
         steps=steps_to_train(config),
         peak_flops_per_device=device_peak_flops(kind),
         compile_seconds=seconds,

@@ -3,12 +3,17 @@ as a Hugging Face directory or params-only Orbax (see the package docstring).
 
     python -m bert_jax.convert --input=uncased_L-12_H-768_A-12/bert_model.ckpt \
         --output=/tmp/bert-base-uncased-hf --format=hf
+
+An "electra" pretraining workdir exports to HF as two models (`save_hf_electra`): the
+discriminator in --output (transformers' ElectraForPreTraining), the generator in
+<output>/generator (ElectraForMaskedLM); --format=orbax keeps the discriminator's encoder.
 """
 
 from __future__ import annotations
 
 import logging
 
+from bert_jax.convert.electra import read_electra_train_state, save_hf_electra
 from bert_jax.convert.export import save_hf
 from bert_jax.convert.load import load_pretrained
 from bert_jax.convert.names import with_layout
@@ -69,6 +74,19 @@ def main(argv) -> None:
         absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger("bert_jax").setLevel(logging.INFO)
     log.info("Reading %s (%s)", FLAGS.input, detect_format(FLAGS.input))
+    electra = read_electra_train_state(FLAGS.input) if FLAGS.format == "hf" else None
+    if electra is not None:
+        config, generator, params, vocab_file = electra
+        save_hf_electra(
+            FLAGS.output,
+            config,
+            generator,
+            params,
+            vocab_file=FLAGS.vocab_file or vocab_file,
+            overwrite=FLAGS.overwrite,
+        )
+        print(f"wrote {FLAGS.output} (ELECTRA: the generator in {FLAGS.output}/generator)")
+        return
     config, params, vocab_file = load_pretrained(
         FLAGS.input, model="auto", config_file=FLAGS.bert_config_file
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import electra
 from bert_jax.config import BertConfig, ConfigError
 from bert_jax.convert.names import (
     PROJECT_SPECS,
@@ -29,7 +30,7 @@ from bert_jax.convert.names import (
     layer_specs,
     unstack_layers,
 )
-from bert_jax.convert.readers import check_vocab, writing_dir
+from bert_jax.convert.readers import check_vocab, detect_format, read_train_state, writing_dir
 
 # What transformers loads each directory as: the discriminator, then the generator.
 ARCHITECTURES = ("ElectraForPreTraining", "ElectraForMaskedLM")
@@ -170,3 +171,22 @@ def save_hf_electra(
             if vocab_file:
                 shutil.copyfile(vocab_file, os.path.join(directory, "vocab.txt"))
     return output_dir
+
+
+def read_electra_train_state(
+    path: str | os.PathLike,
+) -> tuple[BertConfig, BertConfig, Mapping, str | None] | None:
+    """(discriminator config, generator config, params, vocab file or None) of the newest
+    checkpoint of an "electra" pretraining run at `path` (a workdir or its checkpoints); None
+    for any other checkpoint. The generator is the one the saved experiment config's
+    `electra` block describes, as the run built it (`bert_jax.electra.experiment_generator`).
+    """
+    path = os.fspath(path)
+    if "://" not in path:  # Orbax refuses (and misreads) relative local directories
+        path = os.path.abspath(path)
+    if detect_format(path) != "train_state":
+        return None
+    config, params, experiment, vocab_file = read_train_state(path)
+    if experiment.get("objective") != "electra":
+        return None
+    return config, electra.experiment_generator(experiment, config), params, vocab_file

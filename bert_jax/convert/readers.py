@@ -207,12 +207,15 @@ def _ours_source(
     return Source(location, "ours", shapes, tensors.__getitem__, config, vocab_file)
 
 
-def _train_state_source(path: str) -> Source:
-    """The params of a `bert_jax.checkpointing` train state (never its optimizer state).
+def read_train_state(path: str) -> tuple[BertConfig, Params, dict, str | None]:
+    """(model config, params, saved experiment config, vocab file or None) of the newest
+    `bert_jax.checkpointing` train state under `path` (never its optimizer state).
 
     The config is the one the experiment config saved beside the state describes (its
     `objective` too: an "ltr" run's model is causal, and fine-tunes causal); a vocab_size
-    left to the vocab file is read off the embedding table.
+    left to the vocab file is read off the embedding table. An "electra" run's params hold
+    the generator beside the discriminator (`bert_jax.electra`); the config is the
+    discriminator's.
     """
     from bert_jax import checkpointing
 
@@ -227,6 +230,16 @@ def _train_state_source(path: str) -> Source:
     vocab_file = (experiment.get("data") or {}).get("vocab_file")
     if not (vocab_file and vocab_file.endswith(".txt") and os.path.exists(vocab_file)):
         vocab_file = None
+    return config, params, experiment, vocab_file
+
+
+def _train_state_source(path: str) -> Source:
+    """The params of a pretraining train state (`read_train_state`) as a Source. Of an
+    "electra" run's, the discriminator's encoder alone: what fine-tuning and BERT's formats
+    take (its generator and RTD head export with `bert_jax.convert.electra`)."""
+    config, params, experiment, vocab_file = read_train_state(path)
+    if experiment.get("objective") == "electra":
+        params = {"bert": params["bert"]}
     return _ours_source(path, config, params, vocab_file)
 
 

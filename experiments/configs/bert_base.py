@@ -28,7 +28,8 @@ The paper's Table 5 ablations are `--config.objective=mlm` ("No NSP": records ma
 `--next_sentence=false`) and `--config.objective=ltr` ("LTR & No NSP", causal attention:
 unmasked records, `--next_sentence=false --masking=dynamic`, with
 `--config.data.dynamic_masking=True --config.data.max_predictions_per_seq=128`); see
-`bert_tiny_cpu.py` and `bert_jax.train`.
+`bert_tiny_cpu.py` and `bert_jax.train`. `--config.objective=electra` pretrains the model
+as ELECTRA's discriminator beside a generator (`config.electra`; `bert_jax.electra`).
 """
 
 import ml_collections
@@ -71,6 +72,16 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.model.attention_implementation = "einsum"
     config.model.hidden_dropout_prob = placeholder(float)  # None: the preset's (0.1)
     config.model.attention_probs_dropout_prob = placeholder(float)  # None: the preset's
+    # Width E of the embedding tables, projected to H where they differ (ELECTRA-Small's
+    # E=128 < H=256); None: E = H.
+    config.model.embedding_size = placeholder(int)
+
+    # objective="electra" only (bert_jax.electra): the generator beside the discriminator
+    # (the model above) and the weight of the discriminator's loss.
+    config.electra = ml_collections.ConfigDict()
+    config.electra.generator_hidden_fraction = 0.25  # generator H / H (the paper's Small, Large)
+    config.electra.generator_layer_fraction = 1.0  # generator L / L
+    config.electra.disc_weight = 50.0  # λ of loss = MLM(generator) + λ RTD(discriminator)
 
     # Where the data lives; every data path below is built from it (FieldReference), so
     # `--config.data_dir=...` moves them all, and each stays overridable on its own.

@@ -19,6 +19,9 @@ records its data creation makes (`data_pipelines.recipe` passes the same flags t
   ltr      "LTR & No NSP": a left-to-right LM with causal attention (kept at fine-tuning);
            unmasked single-segment records (--next_sentence=false --masking=dynamic) and
            --config.data.dynamic_masking=True --config.data.max_predictions_per_seq=128
+  electra  replaced-token detection (Clark et al. 2020, bert_jax.electra): the model is the
+           discriminator, a generator (`config.electra`) corrupts the masked positions;
+           static or dynamic masking, single segments (--next_sentence=false), unpacked
 """
 
 import ml_collections
@@ -52,6 +55,16 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.attention_implementation = "einsum"
     config.model.hidden_dropout_prob = placeholder(float)  # None: the preset's (0.1)
     config.model.attention_probs_dropout_prob = placeholder(float)  # None: the preset's
+    # Width E of the embedding tables, projected to H where they differ (ELECTRA-Small's
+    # E=128 < H=256); None: E = H.
+    config.model.embedding_size = placeholder(int)
+
+    # objective="electra" only (bert_jax.electra): the generator beside the discriminator
+    # (the model above) and the weight of the discriminator's loss.
+    config.electra = ml_collections.ConfigDict()
+    config.electra.generator_hidden_fraction = 0.25  # generator H / H (the paper's Small, Large)
+    config.electra.generator_layer_fraction = 1.0  # generator L / L
+    config.electra.disc_weight = 50.0  # λ of loss = MLM(generator) + λ RTD(discriminator)
 
     config.data = ml_collections.ConfigDict()
     config.data.train_files = "workdirs/shakespeare/train*.tfrecord"  # globs, comma-separated
