@@ -136,9 +136,7 @@ def test_electra_flops_equal_the_models_matmuls_forward_and_backward():
         return electra.electra_loss(model.apply(v, *inputs), batch)[0]
 
     backward = jax.make_jaxpr(jax.grad(loss))(variables).jaxpr
-    assert matmul_flops(backward) == telemetry.train_flops_per_step(
-        FLOPS_DISC, B, T, P, FLOPS_GEN
-    )
+    assert matmul_flops(backward) == telemetry.train_flops_per_step(FLOPS_DISC, B, T, P, FLOPS_GEN)
 
 
 def test_the_run_counts_the_generator_in_its_mfu(tmp_path):
@@ -155,6 +153,8 @@ def test_the_run_counts_the_generator_in_its_mfu(tmp_path):
 # --- the AOT check --------------------------------------------------------------------------
 
 
+# The slow tier: the training tests below compile the same `train.setup` steps already.
+@pytest.mark.slow
 def test_the_aot_check_compiles_the_electra_step(tmp_path):
     from experiments import aot_compile
 
