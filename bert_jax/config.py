@@ -352,6 +352,9 @@ COMPARED_FIELDS = (
 )
 # The fields a preset sets (`BertConfig.from_preset`).
 _PRESET_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
+# The keys of an experiment's `electra` block that size the generator, with the defaults of
+# configs without them (`bert_jax.electra.EXPERIMENT_DEFAULTS`, which cannot be imported here).
+GENERATOR_SIZES = {"generator_hidden_fraction": 0.25, "generator_layer_fraction": 1.0}
 # What `model_changes` reports for a field the saved config does not hold at all.
 MISSING = "missing"
 
@@ -391,6 +394,14 @@ def model_changes(
         layers, hidden, heads = PRESETS[saved_model["preset"]]
         known |= dict(zip(_PRESET_SIZES, (layers, hidden, heads, 4 * hidden), strict=True))
     changes = [("objective", *objectives)] if objectives[0] != objectives[1] else []
+    if objectives == ("electra", "electra"):
+        # The generator's sizes (`bert_jax.electra.experiment_generator`); configs older than
+        # the `electra` block trained the defaults that block states.
+        saved_block, block = saved.get("electra") or {}, now.get("electra") or {}
+        for name, default in GENERATOR_SIZES.items():
+            was, value = saved_block.get(name, default), block.get(name, default)
+            if was != value:
+                changes.append((f"electra.{name}", was, value))
     for name in COMPARED_FIELDS:
         value = getattr(resolved, name)
         was = saved_model.get(name)

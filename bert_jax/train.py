@@ -333,6 +333,11 @@ def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng
             params, _ = checkpointing.restore_params(path, abstract_params)
             return params
         logging.info("init_from %s lacks %d params (%s, ...)", path, len(missing), missing[0])
+    if isinstance(model, electra.ElectraForPreTraining):  # the importers build BERT models
+        raise ConfigError(
+            f"config.init_from={path!r}: config.objective='electra' starts only from an "
+            "electra checkpoint of this project with every param of this config's model"
+        )
     from bert_jax import convert
 
     _, params, _ = convert.load_pretrained(path, config=model.config, model=model, rng=rng)

@@ -20,7 +20,7 @@ import synthetic_pretraining as synth
 from test_model_flops import matmul_flops
 
 from bert_jax import checkpointing, electra, telemetry, train
-from bert_jax.config import BertConfig, ConfigError
+from bert_jax.config import GENERATOR_SIZES, BertConfig, ConfigError, model_changes
 from bert_jax.convert.electra import read_electra_train_state
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,6 +94,28 @@ def test_configs_without_the_electra_block_get_the_papers_generator():
     disc = BertConfig.from_preset("small", embedding_size=128)
     assert electra.experiment_generator({}, disc) == electra.generator_config(disc)
     assert electra.experiment_settings({})["disc_weight"] == electra.DISC_WEIGHT
+
+
+def test_resuming_with_another_generator_is_a_model_change(tmp_path):
+    saved = checkpointing.config_to_json(_config(tmp_path))
+    now = _config(tmp_path)
+    now.electra.generator_layer_fraction = 0.5
+    now.electra.disc_weight = 10.0  # a loss weight, not the model
+    vocab = synth.TINY.vocab_size
+    assert model_changes(saved, now, vocab) == [("electra.generator_layer_fraction", 1.0, 0.5)]
+    del saved["electra"]  # a config older than the block trained the defaults
+    assert model_changes(saved, now, vocab) == [
+        ("electra.generator_hidden_fraction", 0.25, 0.5),
+        ("electra.generator_layer_fraction", 1.0, 0.5),
+    ]
+    defaults = electra.EXPERIMENT_DEFAULTS
+    assert {k: defaults[k] for k in GENERATOR_SIZES} == GENERATOR_SIZES
+
+
+def test_init_from_refuses_what_is_not_a_whole_electra_checkpoint(tmp_path):
+    model = electra.ElectraForPreTraining(FLOPS_DISC, FLOPS_GEN)
+    with pytest.raises(ConfigError, match="starts only from an electra checkpoint"):
+        train._load_init_params(str(tmp_path), model, None, jax.random.key(0))
 
 
 # --- FLOPs ----------------------------------------------------------------------------------
