@@ -80,11 +80,8 @@ def bert_adamw(
     eps: float = 1e-6,
 ) -> optax.GradientTransformation:
     """The original BERT AdamW: no bias correction, decay masked off LayerNorm and biases."""
-    return optax.chain(
-        scale_by_adam_without_bias_correction(b1, b2, eps),
-        optax.add_decayed_weights(weight_decay, mask=decay_mask),
-        optax.scale_by_learning_rate(learning_rate),
-    )
+    adam = scale_by_adam_without_bias_correction(b1, b2, eps)
+    return _with_masked_decay(adam, learning_rate, weight_decay)
 
 
 def adamw_bias_corrected(
@@ -95,8 +92,17 @@ def adamw_bias_corrected(
     eps: float = 1e-6,
 ) -> optax.GradientTransformation:
     """`bert_adamw` with Adam's bias correction (optax's Adam), decay masked the same way."""
+    return _with_masked_decay(optax.scale_by_adam(b1, b2, eps), learning_rate, weight_decay)
+
+
+def _with_masked_decay(
+    adam: optax.GradientTransformation,
+    learning_rate: optax.ScalarOrSchedule,
+    weight_decay: float,
+) -> optax.GradientTransformation:
+    """Adam's direction, then decoupled weight decay off LayerNorm and biases, then the rate."""
     return optax.chain(
-        optax.scale_by_adam(b1, b2, eps),
+        adam,
         optax.add_decayed_weights(weight_decay, mask=decay_mask),
         optax.scale_by_learning_rate(learning_rate),
     )

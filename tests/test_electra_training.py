@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import synthetic_pretraining as synth
+import test_resume
 from test_model_flops import matmul_flops
 
 from bert_jax import checkpointing, electra, telemetry, train
@@ -47,12 +48,7 @@ def _config(data_dir, stop_at_step=None):
     return config
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("data")
-    synth.write_records(str(directory), "train", 2, 64, seed=0)
-    synth.write_records(str(directory), "eval", 1, 32, seed=1)
-    return directory
+data_dir = test_resume.data_dir  # the same synthetic records (a module-scoped fixture)
 
 
 @pytest.fixture(scope="module")
