@@ -10,7 +10,7 @@ CORPUS := $(WORKDIR)/shakespeare
 
 .PHONY: install test test-slow demo features finetune-minilm ner-minilm features-ner-minilm pretrain \
 	pretrain-data lint clean help squad-minilm vitaminc-minilm imdb-minilm msra-minilm choice-minilm \
-	ablations-objectives ablations-size ablations-features
+	ablations-objectives ablations-size ablations-features electra-compare
 
 help:  ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -116,6 +116,10 @@ ablations-size: $(STAMP)  ## Table 6: held-out MLM perplexity vs model size (4 s
 
 ablations-features: $(STAMP)  ## Table 7: MiniLM feature-based NER (7 layer mixes) vs fine-tuning
 	$(PY) -m experiments.ablations --table=features --workdir=$(WORKDIR)/ablations $(ARGS)
+
+electra-compare: $(STAMP)  ## ELECTRA vs MLM at equal compute (BERT-tiny, IMDB, few-label polarity; CPU hours)
+	$(PY) -m experiments.electra_compare --workdir=$(WORKDIR)/electra_compare \
+		--corpus_dir=$(WORKDIR)/imdb $(ARGS)
 
 # --- the embedded default: BERT-tiny pretrained on Shakespeare, from nothing -------------
 

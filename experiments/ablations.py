@@ -135,9 +135,18 @@ def make_records(opts, workdir: str, vocab: str, next_sentence: bool) -> str:
 
 
 def pretrain(
-    opts, out: str, records: str, vocab: str, *, objective: str, steps: int, size=None
+    opts,
+    out: str,
+    records: str,
+    vocab: str,
+    *,
+    objective: str,
+    steps: int,
+    size=None,
+    learning_rate: float | None = None,
 ) -> str:
-    """One pretraining run of BERT-tiny's config (or `size` = (L, H, A)); returns `out`."""
+    """One pretraining run of BERT-tiny's config (or `size` = (L, H, A)) at `learning_rate`
+    (default --pretrain_learning_rate); returns `out`."""
     predictions = (
         opts.max_seq_length
         if objective == "ltr"
@@ -154,7 +163,7 @@ def pretrain(
         f"--config.global_batch_size={opts.pretrain_batch_size}",
         f"--config.num_train_steps={steps}",
         "--config.optimizer.name=adamw_bias_corrected",  # as the demo (see its README section)
-        f"--config.optimizer.learning_rate={opts.pretrain_learning_rate}",
+        f"--config.optimizer.learning_rate={learning_rate or opts.pretrain_learning_rate}",
         f"--config.optimizer.warmup_steps={max(steps // 20, 1)}",
         f"--config.log_every={min(50, max(steps // 20, 1))}",
         f"--config.eval_every={max(steps // 6, 1)}",

@@ -41,6 +41,7 @@ PRETRAINING = {
     "bert_large_lamb.py": ("phase1", "phase2"),
     "bert_large_v4.py": ("phase1", "phase2"),
     "bert_large_v5e.py": ("phase1", "phase2"),
+    "electra_paper.py": ("small", "base"),
 }
 HELPERS = ("__init__.py", "cloud_tpu.py")
 TPU_CONFIGS = (
@@ -49,6 +50,7 @@ TPU_CONFIGS = (
     "bert_large_lamb.py",
     "bert_large_v4.py",
     "bert_large_v5e.py",
+    "electra_paper.py",
 )
 # Keys a pretraining config may have beyond the tiny config's (all read by the TPU
 # tooling): the slice, the bucket, the data root, where a phase's step count starts.
@@ -135,7 +137,7 @@ def test_model_optimizer_and_phase_are_consistent(name, variant):
     assert config.checkpoint_every <= stop - config.get("start_step", 0)
 
 
-@pytest.mark.parametrize("name", [n for n, v in PRETRAINING.items() if v != (None,)])
+@pytest.mark.parametrize("name", [n for n, v in PRETRAINING.items() if "phase1" in v])
 def test_phase_2_continues_where_phase_1_stops(name):
     _, one = load(name, "phase1")
     _, two = load(name, "phase2")
@@ -190,6 +192,48 @@ def test_paper_slices():
     assert large.topology == "v3:8x8" and tpu_slice.topology_chips(large.topology) == 64
     assert tpu_slice.topology_hosts(large.topology) == 16
     assert lamb.topology == "v3:32x32"
+
+
+def _electra_sizes(config) -> tuple:
+    """(discriminator encoder parameters, generator (H, L, A)) of an electra config."""
+    from bert_jax import electra
+    from bert_jax.model import BertModel
+
+    cfg = train.model_config(config)
+    batch = train.example_batch(1, 8, 2)
+    ids, mask, types = batch["input_ids"], batch["input_mask"], batch["segment_ids"]
+    shapes = jax.eval_shape(
+        lambda: BertModel(cfg, add_pooling_layer=False).init(jax.random.key(0), ids, mask, types)
+    )
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves(nn.unbox(shapes)))
+    gen = electra.experiment_generator(config, cfg)
+    return params, (gen.hidden_size, gen.num_hidden_layers, gen.num_attention_heads)
+
+
+def test_electra_paper_hyperparameters():
+    # Clark et al. 2020, Table 6 and the released configure_pretraining.py: Small (14M
+    # parameters) T=128, batch 128, lr 5e-4, 1M steps, generator H/4; Base (110M) T=512,
+    # batch 256, lr 2e-4, 766k steps, generator H/3; both 10k warmup, λ=50, decay 0.01.
+    expected = {
+        "small": (128, 128, 5e-4, 1_000_000, (13.0e6, 14.5e6), (64, 12, 1), "v3:2x2"),
+        "base": (512, 256, 2e-4, 766_000, (108e6, 111e6), (256, 12, 4), "v3:4x4"),
+    }
+    for variant, (seq, batch, lr, steps, (low, high), gen, topology) in expected.items():
+        _, config = load("electra_paper.py", variant)
+        assert config.objective == "electra" and config.electra.disc_weight == 50.0
+        assert (config.data.max_seq_length, config.global_batch_size) == (seq, batch)
+        assert (config.optimizer.learning_rate, config.num_train_steps) == (lr, steps)
+        assert (config.optimizer.warmup_steps, config.optimizer.weight_decay) == (10_000, 0.01)
+        assert config.data.dynamic_masking and config.data.masked_lm_prob == 0.15
+        assert f"seq{seq}/" in config.data.train_files
+        assert config.start_step == 0 and not config.resume_from and not config.stop_at_step
+        assert train.model_config(config).hidden_act == "gelu"  # the released code's erf GELU
+        params, generator = _electra_sizes(config)
+        assert low < params < high, f"{variant}: {params:,} discriminator parameters"
+        assert generator == gen
+        assert config.topology == topology
+    _, small = load("electra_paper.py", "small")
+    assert train.model_config(small).embedding_size == 128
 
 
 @pytest.mark.parametrize("name, variant", TPU_CASES)
@@ -277,7 +321,7 @@ def test_fused_attention_and_its_dropout_are_set_from_the_command_line(name):
 @pytest.mark.parametrize("name", TPU_CONFIGS)
 def test_tpu_paths_live_in_the_bucket_and_follow_it(name):
     path = os.path.join(CONFIG_DIR, name)
-    for phase in ("phase1", "phase2"):
+    for phase in PRETRAINING[name]:
         config = _parse_config_flags([f"--config={path}:{phase}", "--config.bucket=gs://b"])
         paths = [config.data.train_files, config.data.eval_files, config.data.vocab_file]
         paths += [p for p in (config.resume_from, config.init_from) if p]

@@ -282,6 +282,8 @@ def test_aot_check_covers_every_tpu_config_variant():
             assert f"{name}:{phase}" in result.stdout, f"aot-check misses {name}:{phase}"
             checked += 1
     assert checked == 10
+    for variant in ("small", "base"):  # variants named otherwise than phases
+        assert f"electra_paper.py:{variant}" in result.stdout
 
 
 def test_make_n_prints_the_same_command():
