@@ -8,7 +8,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 CORPUS := $(WORKDIR)/shakespeare
 
-.PHONY: install test test-slow demo features finetune-minilm ner-minilm features-ner-minilm pretrain \
+.PHONY: install test test-extended test-slow demo features finetune-minilm ner-minilm features-ner-minilm pretrain \
 	pretrain-data lint clean help squad-minilm vitaminc-minilm imdb-minilm msra-minilm choice-minilm \
 	ablations-objectives ablations-size ablations-features electra-compare
 
@@ -27,8 +27,11 @@ $(STAMP): setup.cfg pyproject.toml
 
 install: $(STAMP)  ## create .venv with every pinned dependency
 
-test: $(STAMP)  ## the test suite (CPU, 8 fake devices), without the slow tier
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m "not slow" --durations=25 tests
+test: $(STAMP)  ## the test suite (CPU, 8 fake devices), without the extended and slow tiers
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m "not slow and not extended" --durations=25 tests
+
+test-extended: $(STAMP)  ## the extended tier: minute-long end-to-end tests (CI runs it after make test)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m "extended and not slow" --durations=10 tests
 
 test-slow: $(STAMP)  ## only the slow tier
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m slow tests

@@ -162,6 +162,7 @@ def test_two_processes_then_one(tmp_path, data_dir, cache, reference):
     _assert_same_end(workdir, reference)
 
 
+@pytest.mark.extended  # the other direction stays in make test
 def test_one_process_then_two(tmp_path, data_dir, cache, reference):
     workdir = tmp_path / "run"
     _one_process(workdir, data_dir, cache, f"--config.stop_at_step={STEPS - SWITCH}")

@@ -367,6 +367,7 @@ def _split_config(data_dir, shard: bool, stop_at_step=None):
     return config
 
 
+@pytest.mark.extended  # about a minute
 def test_the_sharded_weight_update_resumes_bit_for_bit_and_from_a_replicated_run(
     tmp_path, data_dir
 ):
