@@ -418,6 +418,11 @@ def main(argv):
         build = objectives_table if table == "objectives" else size_table
         markdown, data = build(opts, workdir, vocab)
     data["wall_time_s"] = time.time() - start
+    write_results(workdir, markdown, data)
+
+
+def write_results(workdir: str, markdown: str, data: dict) -> None:
+    """<workdir>/results.md and results.json (with `wall_time_s`), and the table printed."""
     with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
         f.write(markdown)
     with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:

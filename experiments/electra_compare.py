@@ -326,12 +326,7 @@ def main(argv):
         "steps": steps, "flops_per_step": flops, "seconds_per_step": timing, "held_out": held,
         "scores": runs, "wall_time_s": time.time() - start,
     }  # fmt: skip
-    with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
-        f.write(markdown)
-    with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-    print("\n" + markdown)
-    print(f"Wrote {workdir}/results.md and results.json")
+    ablations.write_results(workdir, markdown, data)
 
 
 def parse_part(text: str) -> tuple[int, int]:
