@@ -2,7 +2,7 @@
 
 The 80/10/10 split and the masked fraction on >= 100k tokens of Shakespeare, worker-count
 independence of the written bytes and whole-word masking on People's Daily are checked end
-to end in tests/test_create_pretraining_data.py; this file checks `mask_batch` row by row
+to end in tests/test_create_pretraining_data*.py; this file checks `mask_batch` row by row
 against the rules, computed independently in plain Python, for static masking
 (`numpy_masking`) and dynamic masking (`masking`) alike, and the static mode's streams.
 """
