@@ -25,7 +25,7 @@ Parameter tree (`ElectraForPreTraining`):
                  output_bias)
     rtd/         the discriminator head: transform (H -> H), output (H -> 1)
 
-Pretraining (`config.objective = "electra"`, `bert_jax.train`) trains it with the loop and
+Pretraining (`config.objective = "electra"`, `bert_jax.train_loop`) trains it with the loop and
 the step every objective shares: `train_loss` and `eval_step` here are the objective's loss
 and held-out metrics, the experiment config's `electra` block (`experiment_settings`) sizes
 the generator and weighs the discriminator's loss.

@@ -1,7 +1,7 @@
 """Loss-spike rollback: a step whose loss blows up sends the run back to its last checkpoint.
 
 Off by default (`config.rollback.enabled`). With it on, every step's metrics are checked when
-the loop fetches them from the device (`bert_jax.train`, every `log_every` steps and before
+the loop fetches them from the device (`bert_jax.train_loop`, every `log_every` steps and before
 each checkpoint): a non-finite health metric, or a loss above `spike_factor` times the median
 of the last `median_window` step losses, is a spike. The run then restores its newest
 checkpoint (each is saved only after such a check, so each is good), skips the next

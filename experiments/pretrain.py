@@ -35,10 +35,10 @@ def main(argv):
     if FLAGS.verbosity <= 0:
         # Orbax narrates every save at INFO; keep the console to our own progress and metrics.
         logging.get_absl_handler().addFilter(lambda record: "/orbax/" not in record.pathname)
-    from bert_jax import checkpointing, train
+    from bert_jax import checkpointing, train_loop
 
     try:
-        final = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+        final = train_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except checkpointing.CheckpointError as error:
         # A checkpoint that cannot be written or read: one line (the message names it).
         raise SystemExit(f"pretrain: {error}") from None

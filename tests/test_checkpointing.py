@@ -123,7 +123,7 @@ def test_restore_params_reads_only_the_params(checkpoints, with_shardings):
     directory, saved = checkpoints["fsdp8"]
     mesh = sharding.create_mesh((1, 1, 1), jax.devices()[:1])
     abstract, shardings = _abstract(mesh)
-    # train.py passes the plain abstract params (no shardings) for `init_from`.
+    # train_loop.py passes the plain abstract params (no shardings) for `init_from`.
     target = (
         checkpointing.abstract_like(abstract.params, shardings.params)
         if with_shardings

@@ -22,7 +22,7 @@ from absl import flags
 from jax.sharding import PartitionSpec
 from ml_collections import config_flags
 
-from bert_jax import optim, sharding, train
+from bert_jax import optim, sharding, train, train_loop
 from bert_jax.heads import BertForPreTraining
 from experiments import tpu_slice
 from experiments.configs import cloud_tpu
@@ -363,7 +363,7 @@ def test_tpu_layout_runs_phase_1_then_phase_2_on_a_local_bucket(tmp_path):
 
     one_dir = cloud_tpu.run_dir(bucket, "bert_base_paper", "phase1")
     two_dir = cloud_tpu.run_dir(bucket, "bert_base_paper", "phase2")
-    train.train_and_evaluate(shrunk("phase1", 2), one_dir)
+    train_loop.train_and_evaluate(shrunk("phase1", 2), one_dir)
     assert sorted(os.listdir(f"{one_dir}/checkpoints")) == ["2"]
 
     phase2 = shrunk("phase2", 4)
@@ -371,9 +371,9 @@ def test_tpu_layout_runs_phase_1_then_phase_2_on_a_local_bucket(tmp_path):
     # The full config's start_step is phase 1's 900k stop; the AOT check counts from it.
     with pytest.raises(ValueError, match=f"start_step is {phase2.start_step} but resume_from "
                        f"{one_dir}/checkpoints is at step 2"):  # fmt: skip
-        train.train_and_evaluate(phase2, str(tmp_path / "wrong_start"))
+        train_loop.train_and_evaluate(phase2, str(tmp_path / "wrong_start"))
     phase2.start_step = 2  # phase 1's shrunk stop
-    train.train_and_evaluate(phase2, two_dir)
+    train_loop.train_and_evaluate(phase2, two_dir)
     # Phase 2 continued phase 1's state (steps 3 and 4), it did not start from scratch.
     assert sorted(os.listdir(f"{two_dir}/checkpoints")) == ["4"]
     with open(f"{two_dir}/metrics.jsonl") as f:

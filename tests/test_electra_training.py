@@ -2,7 +2,7 @@
 its MFU, a sharded run that resumes bit for bit, the AOT check, the HF export of a workdir
 (checked against transformers' Electra models) and fine-tuning from a workdir.
 
-The runs are in-process `train.train_and_evaluate` calls on the synthetic records of
+The runs are in-process `train_loop.train_and_evaluate` calls on the synthetic records of
 `synthetic_pretraining`, with an ELECTRA-Small-shaped model (E=128 < H=256, projected; the
 generator half as wide, 2 heads) on a (data 2, fsdp 2, tensor 2) mesh of the 8 fake devices.
 """
@@ -20,7 +20,7 @@ import synthetic_pretraining as synth
 import test_resume
 from test_model_flops import matmul_flops
 
-from bert_jax import checkpointing, electra, telemetry, train
+from bert_jax import checkpointing, electra, telemetry, train, train_loop
 from bert_jax.config import GENERATOR_SIZES, BertConfig, ConfigError, model_changes
 from bert_jax.convert.electra import read_electra_train_state
 
@@ -55,7 +55,7 @@ data_dir = test_resume.data_dir  # the same synthetic records (a module-scoped f
 def straight(tmp_path_factory, data_dir):
     """The workdir of an uninterrupted STEPS-step run."""
     workdir = tmp_path_factory.mktemp("straight")
-    train.train_and_evaluate(_config(data_dir), str(workdir))
+    train_loop.train_and_evaluate(_config(data_dir), str(workdir))
     return workdir
 
 
@@ -111,7 +111,7 @@ def test_resuming_with_another_generator_is_a_model_change(tmp_path):
 def test_init_from_refuses_what_is_not_a_whole_electra_checkpoint(tmp_path):
     model = electra.ElectraForPreTraining(FLOPS_DISC, FLOPS_GEN)
     with pytest.raises(ConfigError, match="starts only from an electra checkpoint"):
-        train._load_init_params(str(tmp_path), model, None, jax.random.key(0))
+        train_loop._load_init_params(str(tmp_path), model, None, jax.random.key(0))
 
 
 # --- FLOPs ----------------------------------------------------------------------------------
@@ -207,8 +207,8 @@ def test_a_sharded_run_logs_the_electra_metrics(straight):
 def test_a_resumed_run_repeats_the_uninterrupted_one_bit_for_bit(tmp_path, data_dir, straight):
     # Steps 1-2, a checkpoint, then a new call (new keys from the seed) restores and runs 3-4:
     # the generator's samples come from (seed, step) as the dropout masks do.
-    train.train_and_evaluate(_config(data_dir, stop_at_step=STOP), str(tmp_path))
-    train.train_and_evaluate(_config(data_dir), str(tmp_path))
+    train_loop.train_and_evaluate(_config(data_dir, stop_at_step=STOP), str(tmp_path))
+    train_loop.train_and_evaluate(_config(data_dir), str(tmp_path))
     state, positions = _restore(tmp_path)
     reference, ref_positions = _restore(straight)
     assert positions == ref_positions and int(state["step"]) == STEPS

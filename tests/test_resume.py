@@ -311,14 +311,14 @@ def _tiny_config(data_dir, prng_impl: str, stop_at_step=None):
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory, data_dir):
     """prng_impl -> the workdir of its uninterrupted PRNG_STEPS-step run (run when asked)."""
-    from bert_jax import train
+    from bert_jax import train_loop
 
     runs = {}
 
     def run(impl):
         if impl not in runs:
             runs[impl] = tmp_path_factory.mktemp(f"straight_{impl}")
-            train.train_and_evaluate(_tiny_config(data_dir, impl), str(runs[impl]))
+            train_loop.train_and_evaluate(_tiny_config(data_dir, impl), str(runs[impl]))
         return runs[impl]
 
     return run
@@ -336,12 +336,14 @@ def straight_run(tmp_path_factory, data_dir):
     ],
 )
 def test_each_prng_impl_resumes_bit_for_bit(impl, tmp_path, data_dir, straight_run):
-    from bert_jax import train
+    from bert_jax import train_loop
 
     # Steps 1-2, a checkpoint, then a new call (new keys from the seed) restores and runs 3-4.
-    train.train_and_evaluate(_tiny_config(data_dir, impl, stop_at_step=PRNG_STOP), str(tmp_path))
+    train_loop.train_and_evaluate(
+        _tiny_config(data_dir, impl, stop_at_step=PRNG_STOP), str(tmp_path)
+    )
     assert _step_dirs(tmp_path)[0] == [PRNG_STOP]
-    train.train_and_evaluate(_tiny_config(data_dir, impl), str(tmp_path))
+    train_loop.train_and_evaluate(_tiny_config(data_dir, impl), str(tmp_path))
     reference = straight_run(impl)
     assert _step_dirs(tmp_path)[0][-1] == PRNG_STEPS
     state, positions = _restore(tmp_path)
@@ -371,20 +373,24 @@ def _split_config(data_dir, shard: bool, stop_at_step=None):
 def test_the_sharded_weight_update_resumes_bit_for_bit_and_from_a_replicated_run(
     tmp_path, data_dir
 ):
-    from bert_jax import train
+    from bert_jax import train_loop
 
     straight = tmp_path / "straight"
-    train.train_and_evaluate(_split_config(data_dir, True), str(straight))
+    train_loop.train_and_evaluate(_split_config(data_dir, True), str(straight))
     # Steps 1-2 with the update sharded, then a new call restores and runs 3-4: bit for bit.
     resumed = tmp_path / "resumed"
-    train.train_and_evaluate(_split_config(data_dir, True, stop_at_step=PRNG_STOP), str(resumed))
-    train.train_and_evaluate(_split_config(data_dir, True), str(resumed))
+    train_loop.train_and_evaluate(
+        _split_config(data_dir, True, stop_at_step=PRNG_STOP), str(resumed)
+    )
+    train_loop.train_and_evaluate(_split_config(data_dir, True), str(resumed))
     # Steps 1-2 replicated, steps 3-4 resumed with the update sharded: the state changes
     # layout on restore and the run goes on (equal to float32 rounding, not bit for bit:
     # an all-reduce and a reduce-scatter sum in different orders).
     switched = tmp_path / "switched"
-    train.train_and_evaluate(_split_config(data_dir, False, stop_at_step=PRNG_STOP), str(switched))
-    train.train_and_evaluate(_split_config(data_dir, True), str(switched))
+    train_loop.train_and_evaluate(
+        _split_config(data_dir, False, stop_at_step=PRNG_STOP), str(switched)
+    )
+    train_loop.train_and_evaluate(_split_config(data_dir, True), str(switched))
     reference, ref_positions = _restore(straight)
     for workdir, exact in ((resumed, True), (switched, False)):
         state, positions = _restore(workdir)

@@ -6,7 +6,7 @@ A changed model: a checkpoint is resumed only into the model it was trained with
 Rollback: the train step is wrapped so that chosen calls of it (counted over the run, steps
 done again included) report a loss spike or a NaN; everything after the metric, detection,
 restore, skipping data and logging, is the real loop on real tiny runs
-(`train.train_and_evaluate` in this process, 8 fake CPU devices, the synthetic records).
+(`train_loop.train_and_evaluate` in this process, 8 fake CPU devices, the synthetic records).
 """
 
 import json
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 import synthetic_pretraining as synth
 
-from bert_jax import checkpointing, pretraining_input, rollback, train
+from bert_jax import checkpointing, pretraining_input, rollback, train, train_loop
 from bert_jax.config import MISSING, ModelChangeError, model_changes
 from experiments.configs import bert_tiny_cpu
 
@@ -117,7 +117,7 @@ def test_a_spike_rolls_back_once_skips_the_batches_and_finishes(
     config = _config(data_dir)
     calls = _inject(monkeypatch, {call: fault})
     with caplog.at_level(logging.WARNING):
-        train.train_and_evaluate(config, str(tmp_path))
+        train_loop.train_and_evaluate(config, str(tmp_path))
     assert f"at step {call}: rolled back to step {restored}, skipped {SKIP} batches" in (
         caplog.text
     )
@@ -151,7 +151,7 @@ def test_one_spike_too_many_in_the_window_stops_with_the_evidence(tmp_path, data
     # than the first time: its NaN, found at once, is the second spike within 100 steps.
     calls = _inject(monkeypatch, {11: "spike", 14: "nan"})
     with pytest.raises(rollback.RollbackError) as raised:
-        train.train_and_evaluate(config, str(tmp_path))
+        train_loop.train_and_evaluate(config, str(tmp_path))
     message = str(raised.value)
     assert message.startswith("non-finite loss nan")
     assert "at step 10 after 1 rollback(s) within 100 steps" in message
@@ -166,7 +166,7 @@ def test_one_spike_too_many_in_the_window_stops_with_the_evidence(tmp_path, data
 def test_a_spike_before_the_first_checkpoint_stops_the_run(tmp_path, data_dir, monkeypatch):
     _inject(monkeypatch, {3: "nan"})
     with pytest.raises(rollback.RollbackError, match=r"^non-finite loss nan.* at step 3; no "):
-        train.train_and_evaluate(_config(data_dir), str(tmp_path))
+        train_loop.train_and_evaluate(_config(data_dir), str(tmp_path))
 
 
 def test_the_spike_detector_judges_against_the_running_median():
@@ -238,7 +238,9 @@ def test_a_key_the_saved_config_lacks_is_a_change_only_where_the_run_states_it()
 def trained(tmp_path_factory, data_dir):
     """A 2-step run's workdir (checkpoint at step 2), with exact GELU."""
     workdir = tmp_path_factory.mktemp("gelu")
-    train.train_and_evaluate(_config(data_dir, stop_at_step=2, checkpoint_every=2), str(workdir))
+    train_loop.train_and_evaluate(
+        _config(data_dir, stop_at_step=2, checkpoint_every=2), str(workdir)
+    )
     return workdir
 
 
@@ -253,14 +255,14 @@ def test_a_changed_model_refuses_to_resume_then_resumes_when_allowed(
     )
     # Its own checkpoints, then another run's through resume_from.
     with pytest.raises(ModelChangeError, match=expected):
-        train.train_and_evaluate(changed, str(trained))
+        train_loop.train_and_evaluate(changed, str(trained))
     changed.resume_from = str(trained / "checkpoints")
     with pytest.raises(ModelChangeError, match=expected):
-        train.train_and_evaluate(changed, str(tmp_path / "phase2"))
+        train_loop.train_and_evaluate(changed, str(tmp_path / "phase2"))
 
     changed.allow_model_change = True
     with caplog.at_level(logging.WARNING):
-        train.train_and_evaluate(changed, str(tmp_path / "phase2"))
+        train_loop.train_and_evaluate(changed, str(tmp_path / "phase2"))
     assert "with another model (allow_model_change): model.hidden_act: saved 'gelu'" in (
         caplog.text
     )

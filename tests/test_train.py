@@ -13,7 +13,7 @@ import pytest
 import synthetic_pretraining as synth
 from jax.sharding import PartitionSpec as P
 
-from bert_jax import optim, sharding, train
+from bert_jax import optim, sharding, train, train_loop
 from bert_jax.config import ConfigError
 from bert_jax.heads import BertForPreTraining
 from bert_jax.train_state import PRNG_IMPLS, run_keys, sharded_state
@@ -376,7 +376,7 @@ def test_init_from_another_objectives_checkpoint_keeps_what_both_share(tmp_path,
     nsp_run, nsp_state, _ = _objective_run("mlm_nsp")
     abstract = jax.eval_shape(lambda: nsp_state.params)
     with caplog.at_level(logging.INFO):
-        params = train._load_init_params(mlm_dir, nsp_run.model, abstract, jax.random.key(5))
+        params = train_loop._load_init_params(mlm_dir, nsp_run.model, abstract, jax.random.key(5))
     assert jax.tree.structure(params) == jax.tree.structure(nsp_state.params)
     for name in ("embeddings", "encoder"):
         jax.tree.map(
@@ -387,7 +387,7 @@ def test_init_from_another_objectives_checkpoint_keeps_what_both_share(tmp_path,
 
     nsp_dir = _save_params_checkpoint(nsp_state, str(tmp_path / "nsp"), "mlm_nsp")
     abstract = jax.eval_shape(lambda: mlm_state.params)
-    params = train._load_init_params(nsp_dir, mlm_run.model, abstract, jax.random.key(5))
+    params = train_loop._load_init_params(nsp_dir, mlm_run.model, abstract, jax.random.key(5))
     expected = {"bert": {k: v for k, v in nsp_state.params["bert"].items() if k != "pooler"},
                 "mlm": nsp_state.params["mlm"]}  # fmt: skip
     jax.tree.map(np.testing.assert_array_equal, params, expected)

@@ -1,0 +1,354 @@
+"""The pretraining loop: resume, train, log, evaluate, checkpoint (`train_and_evaluate`).
+
+The model, optimizer, sharded state and jitted steps come from `bert_jax.train.setup`; this
+module decides where the state starts and runs the steps on the data, writing metrics
+(`bert_jax.telemetry`) and checkpoints (`bert_jax.checkpointing`) as it goes.
+
+Resume order (first that applies): a checkpoint in `<workdir>/checkpoints`, else
+`config.resume_from` (a full train state: params, optimizer, step), else
+`config.init_from` (params only: this project's checkpoint, a Google TF checkpoint or a
+Hugging Face directory), else a fresh initialisation. A full train state resumes only into the
+model it was trained with (`_check_model`; `config.allow_model_change` overrides). With
+`config.rollback.enabled`, a loss spike rolls the run back to its last checkpoint
+(`bert_jax.rollback`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from tqdm import tqdm
+
+from bert_jax import checkpointing, electra, pretraining_input, rollback, sharding, telemetry, train
+from bert_jax.config import MISSING, ConfigError, ModelChangeError, model_changes
+from bert_jax.heads import BertForPreTraining
+from bert_jax.train_state import nonfinite, run_keys, sharded_state
+
+
+def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng):
+    """Params for `init_from`: our checkpoint dir, a TF checkpoint or a HF directory.
+
+    Heads the source lacks (a "mlm" or "ltr" checkpoint has no pooler or NSP head, which a
+    "mlm_nsp" run needs) are initialised from `rng`, each named in the log.
+    """
+    if checkpointing.is_checkpoint_dir(path):
+        missing = checkpointing.missing_params(path, abstract_params)
+        if not missing:
+            params, _ = checkpointing.restore_params(path, abstract_params)
+            return params
+        logging.info("init_from %s lacks %d params (%s, ...)", path, len(missing), missing[0])
+    if isinstance(model, electra.ElectraForPreTraining):  # the importers build BERT models
+        raise ConfigError(
+            f"config.init_from={path!r}: config.objective='electra' starts only from an "
+            "electra checkpoint of this project with every param of this config's model"
+        )
+    from bert_jax import convert
+
+    _, params, _ = convert.load_pretrained(path, config=model.config, model=model, rng=rng)
+    return params
+
+
+def _restore(config, workdir, abstract_state, shardings, vocab_size: int | None = None):
+    """Applies the resume order; returns (state or None, data position or None, source).
+
+    A full train state (own checkpoints, `resume_from`) is first checked to have been trained
+    with the model the run describes (`_check_model`; `vocab_size`: the vocab file's).
+    """
+    target = checkpointing.abstract_like(abstract_state, shardings)
+    own = checkpointing.make_manager(os.path.join(workdir, "checkpoints"), async_save=False)
+    if own.latest_step() is not None:
+        _check_model(config, checkpointing.saved_config(own), own.directory, vocab_size)
+        # An unreadable newest checkpoint is named, set aside, and the one before restored.
+        state, positions, _ = checkpointing.restore(own, None, target, set_aside=True)
+        return (
+            state,
+            pretraining_input.data_position(positions),
+            f"{own.directory} step {int(state.step)}",
+        )
+    if config.resume_from:  # only read: it may be another run's, or read-only
+        other = checkpointing.make_manager(config.resume_from, async_save=False, create=False)
+        _check_model(config, checkpointing.saved_config(other), config.resume_from, vocab_size)
+        state, positions, saved = checkpointing.restore(other, None, target)
+        same_data = saved.get("data_identity") == pretraining_input.data_identity(config)
+        position = pretraining_input.data_position(positions) if same_data else None
+        _check_start_step(config, int(state.step), f"resume_from {config.resume_from}")
+        return state, position, f"resume_from {config.resume_from} step {int(state.step)}"
+    _check_start_step(config, 0, "a run that starts from step 0 (no resume_from)")
+    return None, None, None
+
+
+def _check_model(config, saved: dict, source: str, vocab_size: int | None) -> None:
+    """Refuses to resume the checkpoints in `source`, whose experiment config was `saved`,
+    with a model that computes something else (`bert_jax.config.model_changes`), unless
+    `config.allow_model_change`: then a warning names each difference and the run goes on.
+
+    Raises:
+        ModelChangeError: naming each key with its saved value and its value now.
+    """
+    changes = model_changes(saved, config, vocab_size)
+    if not changes:
+        return
+    listed = "; ".join(
+        f"{key}: saved {was if was is MISSING else repr(was)}, now {now!r}"
+        for key, was, now in changes
+    )
+    if config.get("allow_model_change", False):  # configs older than the key: refused
+        logging.warning("resuming %s with another model (allow_model_change): %s", source, listed)
+        return
+    raise ModelChangeError(
+        f"the checkpoints in {source} were trained with another model: {listed}. Set "
+        "config.allow_model_change=True to resume them with the model this config describes"
+    )
+
+
+def _check_start_step(config, step: int, source: str) -> None:
+    """The step a phase begins at (`config.start_step`, which the AOT check's time
+    projection counts from) must be the step the run really begins at."""
+    start = config.get("start_step")
+    if start is not None and start != step:
+        raise ValueError(f"config.start_step is {start} but {source} is at step {step}")
+
+
+def _roll_back(spike, history, config, run, manager, mask_config, workdir):
+    """Restores the newest checkpoint and skips `config.rollback.skip_batches` batches of the
+    data after its position (`bert_jax.rollback`); logs what it skipped, in the log and in
+    `<workdir>/rollbacks.jsonl`. Returns (state, train data iterator).
+
+    Raises:
+        RollbackError: one spike too many within the window, or no checkpoint yet.
+    """
+    checkpointing.finish_saves(manager)
+    history.check(spike, manager.latest_step(), manager.directory)
+    target = checkpointing.abstract_like(run.abstract_state, run.shardings)
+    state, positions, _ = checkpointing.restore(manager, None, target)
+    train_data = pretraining_input.train_input(
+        config, pretraining_input.data_position(positions), mask_config
+    )
+    for _ in range(config.rollback.skip_batches):
+        next(train_data)
+    skipped = config.rollback.skip_batches
+    resumed_at = pretraining_input.gather_positions(train_data.position)
+    record = history.record(spike, int(state.step), skipped, positions, resumed_at)
+    logging.warning(
+        "%s: rolled back to step %d, skipped %d batches (data position %s -> %s); rollback %d",
+        spike,
+        int(state.step),
+        skipped,
+        positions,
+        resumed_at,
+        len(history.records),
+    )
+    telemetry.append_record(workdir, "rollbacks.jsonl", record)
+    return state, train_data
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+    """Pretrains as `config` says, checkpointing into `workdir`; returns the last metrics."""
+    from data_pipelines.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(config.data.vocab_file, do_lower_case=config.data.do_lower_case)
+    mesh = sharding.create_mesh(config.mesh_shape)
+    run = train.setup(config, mesh, tokenizer.vocab_size)  # checks the objective's config keys
+    train.check_records_kind(config)
+    cfg, shardings = run.model_config, run.shardings
+    if cfg.vocab_size < tokenizer.vocab_size:
+        raise ValueError(
+            f"config.model.vocab_size {cfg.vocab_size} < {tokenizer.vocab_size} tokens in "
+            f"{config.data.vocab_file}"
+        )
+    data = config.data
+    step_fn, eval_fn = run.train_step, run.eval_step
+
+    # Two streams from the seed: the initialisation and the dropout masks (folded per step,
+    # in config.prng_impl; "electra" splits each step's key into dropout and the generator's
+    # samples). Neither is stored: a resumed run derives the same keys again.
+    init_rng, dropout_rng = run_keys(config.seed, config.prng_impl)
+    state, position, source = _restore(
+        config, workdir, run.abstract_state, shardings, tokenizer.vocab_size
+    )
+    if state is None:
+        # A fresh state in the run's layout: params from `init_from`, else initialised.
+        born = functools.partial(
+            sharded_state,
+            run.model,
+            run.tx,
+            mesh,
+            run.inputs,
+            rules=run.rules,
+            shard_update=run.layout is not None,
+        )
+        if config.init_from:
+            abstract_params = run.abstract_state.params
+            state, _ = born(
+                params=_load_init_params(config.init_from, run.model, abstract_params, init_rng)
+            )
+            source = f"init_from {config.init_from} (params only)"
+        else:
+            state, _ = born(rng=init_rng)
+            source = "scratch"
+    logging.info("train state from %s; mesh %s", source, dict(mesh.shape))
+
+    mask_config = pretraining_input.masking_config(config, tokenizer)
+    train_data = pretraining_input.train_input(config, position, mask_config)
+    manager = checkpointing.make_manager(
+        os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints
+    )
+    # A restart repeats the steps after the restored one (all of them from scratch): what an
+    # interrupted run logged for those is cut, so metrics.jsonl reads as one run.
+    writer = telemetry.MetricsWriter(workdir, last_step=int(state.step) or -1)
+    watcher = checkpointing.PreemptionWatcher(manager)
+    config_json = checkpointing.config_to_json(config) | {
+        "data_identity": pretraining_input.data_identity(config)
+    }
+    flops = train.flops_per_step(config, cfg)
+    peak = telemetry.peak_flops_per_device(cfg.dtype) * jax.device_count()
+    guard = config.get("rollback")  # configs older than the block: none
+    spikes = history = None
+    if guard is not None and guard.enabled:
+        spikes = rollback.SpikeDetector(guard.spike_factor, guard.median_window)
+        history = rollback.Rollbacks(guard.max_rollbacks, guard.window_steps)
+
+    def save(step):
+        checkpointing.save(
+            manager,
+            step,
+            state,
+            pretraining_input.gather_positions(train_data.position),
+            config_json,
+        )
+
+    def evaluate(step):
+        if not data.eval_files:
+            return {}
+        eval_data = pretraining_input.make_input(
+            config, None, files=data.eval_files, seed=0, mask_config=mask_config
+        )
+        totals = []
+        for _ in range(config.eval_steps):
+            totals.append(
+                eval_fn(state.params, sharding.global_batch(next(eval_data), mesh, run.rules))
+            )
+        result = {k: float(np.mean([t[k] for t in totals])) for k in totals[0]}
+        writer.write(step, result, prefix="eval")
+        logging.info("eval at step %d: %s", step, _fmt(result))
+        return result
+
+    start = int(state.step)
+    stop = config.get("stop_at_step") or config.num_train_steps
+    pending: list[tuple[int, dict]] = []
+    last: dict[str, float] = {}
+    saving = False  # a background save not yet known to have landed
+    progress = tqdm(total=stop, initial=start, disable=jax.process_index() != 0, desc="pretrain")
+    timer = (time.perf_counter(), start)
+    try:
+        with sharding.activation_context(mesh, run.rules):
+            if start == 0:
+                evaluate(0)
+            step = start
+            while step < stop:  # not a range: a rollback takes `step` back
+                step += 1
+                inputs = sharding.global_batch(next(train_data), mesh, run.rules)
+                state, step_metrics = step_fn(state, inputs, dropout_rng)
+                pending.append((step, step_metrics))
+                progress.update(1)
+                if step == start + 1:  # keep compilation out of the throughput figures
+                    jax.block_until_ready(state.step)
+                    timer = (time.perf_counter(), step)
+                if saving and not manager.is_saving_in_progress():
+                    # A failed save stops the run now, not at the next save (or at exit).
+                    checkpointing.finish_saves(manager)
+                    saving = False
+                stopping = watcher.should_stop(step)
+                checkpoint_now = step % config.checkpoint_every == 0 or step == stop or stopping
+                if step % config.log_every == 0 or checkpoint_now:
+                    # Checked before any save, so a checkpoint never holds a non-finite state.
+                    try:
+                        last = _flush(
+                            pending, writer, timer, step, flops, peak, config, manager, spikes
+                        )
+                    except rollback.LossSpike as spike:  # raised with config.rollback only
+                        state = None  # the diverged state: freed before the restore allocates
+                        state, train_data = _roll_back(
+                            spike, history, config, run, manager, mask_config, workdir
+                        )
+                        step = int(state.step)
+                        writer.cut(step)  # the steps after it are done again, logged again
+                        pending, saving, timer = [], False, (time.perf_counter(), step)
+                        progress.n = step
+                        continue
+                    timer = (time.perf_counter(), step)
+                    progress.set_postfix(
+                        loss=f"{last['loss']:.3f}", mlm_acc=f"{last['mlm_accuracy']:.3f}"
+                    )
+                    pending = []
+                if config.eval_every and step % config.eval_every == 0:
+                    last |= {f"eval_{k}": v for k, v in evaluate(step).items()}
+                if checkpoint_now:
+                    save(step)
+                    saving = True
+                if stopping:
+                    checkpointing.finish_saves(manager)  # claim the checkpoint once it landed
+                    logging.warning(
+                        "stopped by SIGTERM after step %d (checkpoint saved in %s)",
+                        step,
+                        manager.directory,
+                    )
+                    break
+        checkpointing.finish_saves(manager)
+        manager.close()
+    finally:
+        progress.close()
+        watcher.close()
+        writer.close()
+    return last
+
+
+def _flush(
+    pending, writer, timer, step, flops, peak, config, manager, spikes=None
+) -> dict[str, float]:
+    """Fetches the pending metrics, stops on a non-finite loss, writes the averages.
+
+    With `spikes` (a `rollback.SpikeDetector`: `config.rollback.enabled`) the first step with
+    a non-finite metric or a loss spike raises `rollback.LossSpike` instead, and nothing of
+    these steps is written: the loop rolls back and does them again.
+    """
+    fetched = jax.device_get([m for _, m in pending])
+    for (s, _), m in zip(pending, fetched, strict=True):
+        bad = nonfinite(m)
+        if spikes is not None:
+            reason = f"non-finite {bad}" if bad else spikes.check(float(m["loss"]))
+            if reason:
+                raise rollback.LossSpike(s, float(m["loss"]), reason)
+        elif bad:
+            checkpointing.finish_saves(manager)
+            good = manager.latest_step()
+            where = (
+                f"the last good checkpoint is step {good} in {manager.directory}"
+                if good is not None
+                else f"no checkpoint was saved yet in {manager.directory}"
+            )
+            raise FloatingPointError(f"non-finite {bad} at step {s}; {where}")
+    elapsed = time.perf_counter() - timer[0]
+    steps = step - timer[1]
+    averaged = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[-1]}
+    averaged["learning_rate"] = float(fetched[-1]["learning_rate"])
+    if steps:  # the first step of a run only compiles: it is not timed (log_every=1)
+        averaged["steps_per_second"] = steps / elapsed
+        averaged["sequences_per_second"] = steps * config.global_batch_size / elapsed
+        averaged["tokens_per_second"] = (
+            averaged["sequences_per_second"] * config.data.max_seq_length
+        )
+        averaged["mfu"] = flops * averaged["steps_per_second"] / peak
+    writer.write(step, averaged)
+    logging.info("step %d: %s", step, _fmt(averaged))
+    return averaged
+
+
+def _fmt(values: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in values.items())
