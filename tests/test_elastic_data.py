@@ -1,5 +1,5 @@
 """The input pipeline's streams: resuming at any batch without replaying the epoch, and on
-another process count (`data_pipelines.input_pipeline`).
+another process count (`data_pipelines.input_pipeline`, `data_pipelines.input_streams`).
 
 Records carry a unique id (token 1), so a test can say which records a batch holds. The
 files have uneven record counts (one is empty), so groups and windows end mid-file.
@@ -16,7 +16,7 @@ import protobuf_records
 import pytest
 import tensorflow as tf
 
-from data_pipelines import input_pipeline, tfrecord_files
+from data_pipelines import input_pipeline, input_streams, tfrecord_files
 
 T, P = 16, 4
 CLS, SEP = 101, 102
@@ -109,7 +109,7 @@ def test_skip_records_leaves_the_rest_of_the_round_robin():
         groups = [[(f, 0) for f in order[i : i + cycle]] for i in range(0, n, cycle)]
         full = _round_robin(groups, counts)
         for skip in range(len(full) + 1):
-            current, rest = input_pipeline.skip_records(order, counts, cycle, skip)
+            current, rest = input_streams.skip_records(order, counts, cycle, skip)
             rest_groups = [
                 [(f, 0) for f in rest[i : i + cycle]] for i in range(0, len(rest), cycle)
             ]
@@ -201,10 +201,10 @@ def test_resuming_reads_no_file_of_the_skipped_groups(tmp_path):
         next(run)
     (saved,) = _saved([run])
     epoch_order = [
-        p.decode() for p in input_pipeline._file_order(run.spec, stream=0, epoch=0).numpy()
+        p.decode() for p in input_streams._file_order(run.spec, stream=0, epoch=0).numpy()
     ]
-    counts = input_pipeline.record_counts(run.spec.files)
-    current, _ = input_pipeline.skip_records(epoch_order, counts, CYCLE, 55)
+    counts = input_streams.record_counts(run.spec.files)
+    current, _ = input_streams.skip_records(epoch_order, counts, CYCLE, 55)
     skipped = epoch_order[: epoch_order.index(current[0][0]) // CYCLE * CYCLE]
     first_file = run.spec.files[0]  # the schema check reads it: keep it
     corrupted = [p for p in skipped if counts[p] and p != first_file]
@@ -219,7 +219,7 @@ def test_resuming_reads_no_file_of_the_skipped_groups(tmp_path):
 def test_record_counts_come_from_the_stats_json_else_from_the_framing(tmp_path):
     pattern = _write_files(str(tmp_path), [3, 5, 2], stats=False)
     paths = input_pipeline.list_files(pattern)
-    assert input_pipeline.record_counts(paths) == dict(zip(paths, [3, 5, 2], strict=True))
+    assert input_streams.record_counts(paths) == dict(zip(paths, [3, 5, 2], strict=True))
     # The framing's count is tf.data's, and a file cut inside a record is named.
     assert [tfrecord_files.count_records(p) for p in paths] == [
         int(tf.data.TFRecordDataset(p).reduce(np.int64(0), lambda n, _: n + 1)) for p in paths
@@ -231,7 +231,7 @@ def test_record_counts_come_from_the_stats_json_else_from_the_framing(tmp_path):
         tfrecord_files.count_records(cut)
     with open(paths[0] + ".stats.json", "w") as f:  # the JSON wins: it is not read again
         json.dump({"output_files": paths[:2], "records_per_file": [30, 50]}, f)
-    assert input_pipeline.record_counts(paths) == dict(zip(paths, [30, 50, 2], strict=True))
+    assert input_streams.record_counts(paths) == dict(zip(paths, [30, 50, 2], strict=True))
 
 
 def test_stream_refusals_name_the_setting(files):

@@ -18,7 +18,7 @@ from bert_jax import sharding, train
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
 from bert_jax.train_state import sharded_state
-from data_pipelines import input_pipeline, packing, records, tfrecord_files
+from data_pipelines import input_pipeline, input_streams, packing, records, tfrecord_files
 
 CLS, SEP, MASK = 101, 102, 103
 T, P, INST = 24, 6, 3  # row length, prediction slots and instance slots of the packed rows
@@ -248,7 +248,7 @@ def test_packed_ltr_rows_have_the_unpacked_loss_and_gradients():
         unmasked["input_mask"][b, : len(ids)] = 1
     features = {k: tf.constant(unmasked[k]) for k in ("input_ids", "input_mask", "segment_ids")}
     features["next_sentence_labels"] = tf.zeros((len(instances), 1), tf.int32)
-    unpacked = {k: v.numpy() for k, v in input_pipeline.next_token_targets(features, T).items()}
+    unpacked = {k: v.numpy() for k, v in input_streams.next_token_targets(features, T).items()}
     unpacked["next_sentence_labels"] = unpacked["next_sentence_labels"][:, 0]
     sizes = dict(max_seq_length=T, max_predictions_per_seq=T, max_instances_per_row=INST)
     rows, consumed = packing.first_fit(*packing.instance_sizes(unpacked), num_rows=7, **sizes)

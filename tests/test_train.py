@@ -398,7 +398,7 @@ def _ltr_batch(batch_size: int, seed: int) -> dict[str, np.ndarray]:
     targets (P = T)."""
     import tensorflow as tf
 
-    from data_pipelines.input_pipeline import next_token_targets
+    from data_pipelines.input_streams import next_token_targets
 
     batch = synth.random_batch(batch_size, seed)
     ids = batch["input_ids"].copy()  # put the masked tokens back
