@@ -26,10 +26,11 @@ and every fine-tuning run is stored when it ends, so an interrupted demo continu
                --dev_sentences), test is scored once per run; then the smallest budget
                again with the other fine-tuning optimizer (--finetune_optimizer), each arm
                at the learning rate it chose
-  6. report    <workdir>/results.md (the table printed at the end), results.json and
-               curves.png: test entity F1 against label budget, both arms, with the paired
-               difference and its 95% interval; the pretraining curves; the pretrained
-               model filling in masked entities of held-out sentences
+  6. report    experiments.demo_report: <workdir>/results.md (the table printed at the
+               end), results.json and curves.png: test entity F1 against label budget,
+               both arms, with the paired difference and its 95% interval; the
+               pretraining curves; the pretrained model filling in masked entities of
+               held-out sentences
 
 `--task=polarity` is the earlier demo (IMDB reviews -> sentence polarity; see the README for
 why sentiment is the wrong showcase at this scale): mlm_nsp on static-masked sentence pairs,
@@ -52,6 +53,8 @@ import time
 from absl import app, flags, logging
 
 from data_pipelines import cli, recipe
+from experiments import demo_report
+from experiments.demo_report import ARMS, NER_TASK
 
 flags.DEFINE_enum("task", "ner", ["ner", "polarity"], "The downstream task (see the docstring).")
 flags.DEFINE_string("workdir", "workdirs/demo", "Records, pretraining, fine-tuning runs, report.")
@@ -143,8 +146,6 @@ TASK_DEFAULTS = {
 }
 
 TINY_CONFIG = "experiments/configs/bert_tiny_cpu.py"
-ARMS = ("pretrained", "scratch")
-NER_TASK = "peoples_daily_ner"
 # Fine-tuning reads whole sentences (1% of People's Daily's are longer than 140 characters).
 NER_MAX_SEQ_LENGTH = 128
 # The flags that decide what the records and the pretrained model are: a workdir holds one.
@@ -152,6 +153,12 @@ PRETRAINING_FLAGS = (
     "task", "corpora", "seed", "pretrain_steps", "pretrain_batch_size",
     "pretrain_learning_rate", "pretrain_optimizer", "max_seq_length", "dupe_factor",
     "vocab_size",
+)  # fmt: skip
+
+# The flags the report reads (demo_report.report).
+REPORT_FLAGS = (
+    "task", "seed", "test_sentences", "corpora", "pretrain_steps", "pretrain_batch_size",
+    "pretrain_learning_rate", "pretrain_optimizer", "max_seq_length",
 )  # fmt: skip
 
 
@@ -400,167 +407,11 @@ def finetune_polarity(pretrain_dir: str, vocab: str, workdir: str) -> dict:
 # ----------------------------------------------------------------------------- stage 6
 
 
-def read_metrics(path: str) -> list[dict]:
-    """A metrics.jsonl; a step logged twice (re-run after a resume) keeps its last record."""
-    with open(path, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    last = {(r["split"], r["step"]): r for r in records}
-    return sorted(last.values(), key=lambda r: (r["step"], r["split"]))
-
-
-def _points(values: list[float]) -> str:
-    return " ".join(f"{100 * v:.1f}" for v in values)
-
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    variance = sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)
-    return mean, math.sqrt(variance)
-
-
-def fill_mask_examples(pretrain_dir: str, vocab: str, count: int = 6) -> list[dict]:
-    """The pretrained MLM on held-out NER test sentences with one entity masked: the first
-    sentences of at most 40 characters holding a 2-3 character entity, two of each type."""
-    from bert_jax import convert
-    from data_pipelines.tasks.tagging_tasks import load_tagging_task
-    from data_pipelines.tokenization import load_tokenizer
-    from experiments import label_budgets as lb
-
-    task = load_tagging_task(NER_TASK)
-    chosen, per_type = [], {}
-    for example in task.splits["test"]:
-        spans = [s for s in lb.entity_spans(example) if 2 <= s[1] - s[0] <= 3]
-        if len(example.words) > 40 or not spans:
-            continue
-        kind = example.tags[spans[0][0]][2:]
-        if per_type.get(kind, 0) < count // 3:
-            per_type[kind] = per_type.get(kind, 0) + 1
-            chosen.append((example, spans[0]))
-    config, params, _ = convert.load_pretrained(pretrain_dir, model="auto")
-    from bert_jax.heads import BertForPreTraining
-
-    module = BertForPreTraining(config, next_sentence=False)
-    return lb.fill_mask(module, params, load_tokenizer(vocab, do_lower_case=True), chosen)
-
-
 def report(workdir: str, pretrain_dir: str, finetuning: dict, extra: dict) -> str:
-    """Writes results.md / results.json / curves.png; returns the Markdown report."""
-    pretraining = read_metrics(os.path.join(pretrain_dir, "metrics.jsonl"))
-    evals = [r for r in pretraining if r["split"] == "eval"]
-    final = evals[-1]
-    budgets = finetuning["budgets"]
-    ner = FLAGS.task == "ner"
-    metric = "entity F1" if ner else "accuracy"
-    rows = [f"| labelled sentences | pretrained, test {metric} | from scratch | "
-            "gain (points), 95% interval |", "| ---: | ---: | ---: | ---: |"]  # fmt: skip
-    for budget in budgets:
-        (pre, pre_std), (scr, scr_std) = (_mean_std(budget[arm]) for arm in ARMS)
-        d = budget["difference"]
-        rows.append(f"| {budget['labels']:,} | {100 * pre:.1f} ± {100 * pre_std:.1f} | "
-                    f"{100 * scr:.1f} ± {100 * scr_std:.1f} | {100 * d['mean']:+.1f} "
-                    f"[{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] |")  # fmt: skip
-    runs = len(budgets[0]["pretrained"])
-    heldout = f"held-out MLM accuracy {final['mlm_accuracy']:.1%}" + (
-        "" if ner else f", NSP accuracy {final['nsp_accuracy']:.1%}"
-    )
-    what = (
-        f"People's Daily NER (PER/LOC/ORG), test n={FLAGS.test_sentences or 2000:,}" if ner
-        else "Sentence polarity (Rotten Tomatoes), test n=1,000"
-    )  # fmt: skip
-    text = "\n".join(rows) + (
-        f"\n\n{what}, mean ± std over {runs} {'label subsets' if ner else 'fine-tuning seeds'}"
-        " per budget, shared by both arms; the gain is the mean paired difference with its 95%"
-        f" t-interval. Pretraining on {'+'.join(setting('corpora'))} (seed {FLAGS.seed}, "
-        f"{final['step']} steps): {heldout}.\n"
-    )
-    text += "\nPer subset (pretrained / scratch):\n\n" + "".join(
-        f"- {b['labels']:,}: {_points(b['pretrained'])} / {_points(b['scratch'])}\n"
-        for b in budgets
-    )
-    comparison = finetuning.get("optimizer_comparison")
-    if comparison:
-        first = budgets[0]
-        text += (
-            f"\nFine-tuning optimizer at {first['labels']:,} labels (same subsets; the learning"
-            " rate chosen by the same rule), mean test F1 pretrained / scratch: "
-            + ", ".join(
-                f"{b['optimizer']} {100 * _mean_std(b['pretrained'])[0]:.1f} / "
-                f"{100 * _mean_std(b['scratch'])[0]:.1f}"
-                for b in (first, comparison)
-            )
-            + ".\n"
-        )
-    if extra.get("fill_mask"):
-        text += (
-            "\nThe pretrained model fills in a masked entity of held-out test sentences (its"
-            " top 5 per character):\n\n"
-        )
-    for item in extra.get("fill_mask", []):
-        guesses = " | ".join(" ".join(p) for p in item["predictions"])
-        text += f"- {item['text']} ({item['type']} {item['entity']}): {guesses}\n"
-    summary = {
-        "task": NER_TASK if ner else "polarity",
-        "seed": FLAGS.seed,
-        "label_budgets": budgets,
-        **{k: v for k, v in finetuning.items() if k != "budgets"},
-        "pretraining": {
-            "corpora": setting("corpora"),
-            "steps": setting("pretrain_steps"),
-            "batch_size": setting("pretrain_batch_size"),
-            "learning_rate": setting("pretrain_learning_rate"),
-            "optimizer": FLAGS.pretrain_optimizer,
-            "objective": "mlm" if ner else "mlm_nsp",
-            "max_seq_length": setting("max_seq_length"),
-            "held_out": [
-                {k: r[k] for k in ("step", "loss", "mlm_accuracy", "nsp_accuracy") if k in r}
-                for r in evals
-            ],
-        },
-        **extra,
-    }
-    with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
-        f.write(text)
-    with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, ensure_ascii=False)
-    plot(os.path.join(workdir, "curves.png"), pretraining, budgets, metric)
-    return text
-
-
-def plot(path: str, pretraining: list[dict], budgets: list[dict], metric: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from scipy import stats
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    labels = [b["labels"] for b in budgets]
-    for arm, name in zip(ARMS, ("pretrained", "from scratch"), strict=True):
-        stat = [_mean_std(b[arm]) for b in budgets]
-        half = [
-            stats.t.ppf(0.975, len(b[arm]) - 1) * s / math.sqrt(len(b[arm]))
-            for b, (_, s) in zip(budgets, stat, strict=True)
-        ]
-        axes[0].errorbar(
-            labels, [100 * m for m, _ in stat], [100 * h for h in half], marker="o",
-            capsize=3, label=f"{name} (95% interval of the mean)",
-        )  # fmt: skip
-    axes[0].set(title=f"test {metric}", xlabel="labelled sentences", xscale="log",
-                ylabel=f"{metric} (%)")  # fmt: skip
-    for split, style in (("train", "-"), ("eval", "o--")):
-        points = [r for r in pretraining if r["split"] == split and "loss" in r]
-        axes[1].plot([r["step"] for r in points], [r["loss"] for r in points], style, label=split)
-    axes[1].set(title="pretraining loss", xlabel="step", ylabel="loss")
-    evals = [r for r in pretraining if r["split"] == "eval"]
-    axes[2].plot([r["step"] for r in evals], [100 * r["mlm_accuracy"] for r in evals], "o-",
-                 label="held out")  # fmt: skip
-    axes[2].set(title="pretraining, masked-LM accuracy", xlabel="step", ylabel="accuracy (%)")
-    for ax in axes:
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    """Stage 6 with this run's flags (`demo_report.report`); returns the Markdown report."""
+    settings = {name: setting(name) if name in TASK_DEFAULTS["ner"] else FLAGS[name].value
+                for name in REPORT_FLAGS}  # fmt: skip
+    return demo_report.report(workdir, pretrain_dir, finetuning, extra, settings)
 
 
 def check_workdir(workdir: str) -> None:
@@ -600,7 +451,7 @@ def main(argv):
     finetuning = finetune(pretrain_dir, vocab, workdir)
     wall_time_s["finetune"] = time.time() - stage_start
     logging.set_verbosity(logging.ERROR)  # Orbax narrates the restore
-    extra = {"fill_mask": fill_mask_examples(pretrain_dir, vocab)} if ner else {}
+    extra = {"fill_mask": demo_report.fill_mask_examples(pretrain_dir, vocab)} if ner else {}
     logging.set_verbosity(logging.INFO)
     wall_time_s["total"] = time.time() - start
     text = report(workdir, pretrain_dir, finetuning, extra | {"wall_time_s": wall_time_s})
