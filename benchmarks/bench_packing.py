@@ -26,6 +26,7 @@ import tempfile
 import numpy as np
 from absl import flags
 
+from bert_jax import telemetry
 from data_pipelines import cli, input_pipeline
 
 FLAGS = flags.FLAGS
@@ -87,8 +88,7 @@ def train_windows(pack: bool, real_tokens: list[int]) -> list[float]:
             f"--config.checkpoint_every={10 * FLAGS.steps}",
         ]
         subprocess.run(command, check=True, cwd=REPO, capture_output=True)
-        with open(os.path.join(workdir, "metrics.jsonl")) as f:
-            logged = [json.loads(line) for line in f]
+        logged = telemetry.read_metrics(os.path.join(workdir, "metrics.jsonl"))
     windows, previous = [], 1  # step 1 compiles and is not timed
     for record in logged:
         if record.get("split") != "train" or "steps_per_second" not in record:

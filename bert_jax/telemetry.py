@@ -1,4 +1,5 @@
-"""Training telemetry: model FLOPs and MFU, and the JSONL + TensorBoard metrics writer.
+"""Training telemetry: model FLOPs and MFU, the JSONL + TensorBoard metrics writer, and the
+one reader of what it writes (`read_metrics`).
 
 Only process 0 writes; every other process gets a writer that does nothing.
 """
@@ -205,7 +206,7 @@ def append_record(workdir: str, name: str, record: dict) -> None:
 def records_through(text: str, last_step: int | None) -> str:
     """The complete lines of a metrics.jsonl `text` (a killed writer may leave half a line),
     only those of steps up to `last_step` unless it is None."""
-    lines = text.split("\n")[:-1]  # what follows the last newline is incomplete
+    lines = _complete_lines(text)
     if last_step is not None:
         lines = [line for line in lines if _step_of(line) <= last_step]
     return "".join(f"{line}\n" for line in lines)
@@ -216,3 +217,70 @@ def _step_of(line: str) -> float:
         return json.loads(line)["step"]
     except (ValueError, KeyError, TypeError):
         return float("-inf")  # not a record of ours: kept
+
+
+def _complete_lines(text: str) -> list[str]:
+    """The lines of `text` that end in a newline: what follows the last one is a write that a
+    killed writer never finished."""
+    return text.split("\n")[:-1]
+
+
+# --- reading metrics.jsonl ------------------------------------------------------------------
+
+# The splits a metrics.jsonl holds: `MetricsWriter.write`'s prefix in the pretraining loop.
+SPLITS = ("train", "eval")
+
+
+class MetricsFileError(ValueError):
+    """A metrics.jsonl that is missing, empty or malformed (the message names the file and,
+    for a malformed record, its line)."""
+
+
+def read_metrics(path: str) -> list[dict]:
+    """The records of a metrics.jsonl (`MetricsWriter`), sorted by (step, split).
+
+    Each record is `{"step": int, "split": one of SPLITS, <scalar name>: float, ...}`. For each
+    (split, step) the last record wins: a resumed run logs the steps after its checkpoint
+    again, and the last record is the one the finished run descends from. Blank lines are
+    skipped, and so is text after the last newline: that is a record a killed writer was
+    midway through (the writer drops it too when the run resumes, `records_through`), not
+    corruption. Every complete line must be a record.
+
+    Raises:
+        MetricsFileError: the file is missing or holds no record, or a complete line is not a
+            JSON object with an integer `step`, a `split` in SPLITS and numeric scalars (the
+            message names the file and the line).
+    """
+    if not os.path.isfile(path):
+        raise MetricsFileError(f"{path}: no such file (is its directory a pretraining workdir?)")
+    with open(path, encoding="utf-8") as f:
+        lines = _complete_lines(f.read())
+    last: dict[tuple[str, int], dict] = {}
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            record = _parse_record(line, f"{path} line {number}")
+            last[record["split"], record["step"]] = record
+    if not last:
+        raise MetricsFileError(f"{path}: no records")
+    return sorted(last.values(), key=lambda r: (r["step"], r["split"]))
+
+
+def _parse_record(line: str, where: str) -> dict:
+    """One line of a metrics.jsonl as a record, checked; `where` names it in errors."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise MetricsFileError(
+            f"{where}: not valid JSON ({e.msg}): {line.strip()[:80]!r}"
+        ) from None
+    if not isinstance(record, dict):
+        raise MetricsFileError(f"{where}: expected a JSON object, got {line.strip()[:80]!r}")
+    step, split = record.pop("step", None), record.pop("split", None)
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise MetricsFileError(f"{where}: 'step' must be an integer, got {step!r}")
+    if split not in SPLITS:
+        raise MetricsFileError(f"{where}: 'split' must be one of {SPLITS}, got {split!r}")
+    for name, value in record.items():
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise MetricsFileError(f"{where}: {name!r} is not a number: {value!r}")
+    return {"step": step, "split": split, **{k: float(v) for k, v in record.items()}}

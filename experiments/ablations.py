@@ -112,12 +112,13 @@ def read_json(path: str) -> dict | None:
 
 def held_out(pretrain_dir: str) -> dict:
     """The last held-out evaluation of a pretraining run (its metrics.jsonl)."""
-    with open(os.path.join(pretrain_dir, "metrics.jsonl"), encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    evals = [r for r in records if r.get("split") == "eval"]
+    from bert_jax import telemetry
+
+    records = telemetry.read_metrics(os.path.join(pretrain_dir, "metrics.jsonl"))
+    evals = [r for r in records if r["split"] == "eval"]
     if not evals:
         raise ValueError(f"{pretrain_dir}/metrics.jsonl has no held-out evaluation")
-    return max(evals, key=lambda r: r["step"])
+    return evals[-1]  # records come in step order
 
 
 # --- pretraining ---------------------------------------------------------------------------

@@ -19,14 +19,6 @@ ARMS = ("pretrained", "scratch")
 NER_TASK = "peoples_daily_ner"
 
 
-def read_metrics(path: str) -> list[dict]:
-    """A metrics.jsonl; a step logged twice (re-run after a resume) keeps its last record."""
-    with open(path, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    last = {(r["split"], r["step"]): r for r in records}
-    return sorted(last.values(), key=lambda r: (r["step"], r["split"]))
-
-
 def _points(values: list[float]) -> str:
     return " ".join(f"{100 * v:.1f}" for v in values)
 
@@ -72,7 +64,9 @@ def report(
             test_sentences, corpora, pretrain_steps, pretrain_batch_size,
             pretrain_learning_rate, pretrain_optimizer, max_seq_length.
     """
-    pretraining = read_metrics(os.path.join(pretrain_dir, "metrics.jsonl"))
+    from bert_jax import telemetry
+
+    pretraining = telemetry.read_metrics(os.path.join(pretrain_dir, "metrics.jsonl"))
     evals = [r for r in pretraining if r["split"] == "eval"]
     final = evals[-1]
     budgets = finetuning["budgets"]

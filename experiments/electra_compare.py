@@ -42,7 +42,6 @@ commands used there).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -108,8 +107,9 @@ def equal_flops_steps(opts, vocab: str) -> dict[str, int]:
 def seconds_per_step(pretrain_dir: str) -> float:
     """Median seconds per step over a run's logged training intervals (the first, which
     compiles, left out)."""
-    with open(os.path.join(pretrain_dir, "metrics.jsonl"), encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    from bert_jax import telemetry
+
+    records = telemetry.read_metrics(os.path.join(pretrain_dir, "metrics.jsonl"))
     rates = [r["steps_per_second"] for r in records if "steps_per_second" in r][1:]
     if not rates:
         raise ValueError(f"{pretrain_dir}/metrics.jsonl logs no steps_per_second")
@@ -130,11 +130,12 @@ def learning_rate(opts, arm: str) -> float:
 
 def finished(pretrain_dir: str, steps: int) -> bool:
     """Whether a pretraining run logged its last step."""
+    from bert_jax import telemetry
+
     path = os.path.join(pretrain_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return False
-    with open(path, encoding="utf-8") as f:
-        return any(json.loads(line).get("step") == steps for line in f if line.strip())
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return False  # not started, or stopped before it logged anything
+    return any(r["step"] == steps for r in telemetry.read_metrics(path))
 
 
 def pretrain_arms(opts, workdir: str, vocab: str, arms) -> tuple[dict, dict]:
@@ -218,11 +219,12 @@ def prior_gap(record: dict) -> float:
 
 def curves(dirs: dict) -> dict[str, list[dict]]:
     """Each arm's held-out evaluations, in step order (ELECTRA's with `prior_gap`)."""
+    from bert_jax import telemetry
+
     out = {}
     for arm, path in dirs.items():
-        with open(os.path.join(path, "metrics.jsonl"), encoding="utf-8") as f:
-            records = [json.loads(line) for line in f if line.strip()]
-        evals = sorted((r for r in records if r.get("split") == "eval"), key=lambda r: r["step"])
+        records = telemetry.read_metrics(os.path.join(path, "metrics.jsonl"))
+        evals = [r for r in records if r["split"] == "eval"]  # in step order
         for r in evals:
             if "disc_loss" in r:
                 r["prior_gap"] = prior_gap(r)

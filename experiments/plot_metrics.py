@@ -12,17 +12,17 @@ one the finished run's state descends from.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
 
 from absl import app, flags, logging
 
+from bert_jax import telemetry
+from bert_jax.telemetry import SPLITS, MetricsFileError
 from data_pipelines import cli
 
 METRICS_FILE = "metrics.jsonl"
-SPLITS = ("train", "eval")
 
 # (title, metrics on the left axis, its label, log scale, metric on a right-hand axis)
 PANELS: tuple[tuple[str, tuple[str, ...], str, bool, str | None], ...] = (
@@ -37,46 +37,18 @@ PANELS: tuple[tuple[str, tuple[str, ...], str, bool, str | None], ...] = (
 Records = dict[str, dict[int, dict[str, float]]]  # split -> step -> scalars
 
 
-class MetricsFileError(ValueError):
-    """A metrics.jsonl that is missing, empty or malformed (the message names the line)."""
-
-
 def read_metrics(path: str) -> Records:
-    """Parses a metrics.jsonl; for each split and step the last record wins.
+    """A metrics.jsonl by split and step (`telemetry.read_metrics`: the last record of a step
+    wins).
 
     Raises:
       MetricsFileError: the file is missing or empty, or a line is not a JSON object with
         an integer `step`, a `split` in SPLITS and numeric scalars.
     """
-    if not os.path.isfile(path):
-        raise MetricsFileError(f"{path}: no such file (is its directory a pretraining workdir?)")
     records: Records = {split: {} for split in SPLITS}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path} line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise MetricsFileError(
-                    f"{where}: not valid JSON ({e.msg}): {line.strip()[:80]!r}"
-                ) from None
-            if not isinstance(record, dict):
-                raise MetricsFileError(
-                    f"{where}: expected a JSON object, got {line.strip()[:80]!r}"
-                )
-            step, split = record.pop("step", None), record.pop("split", None)
-            if not isinstance(step, int) or isinstance(step, bool):
-                raise MetricsFileError(f"{where}: 'step' must be an integer, got {step!r}")
-            if split not in SPLITS:
-                raise MetricsFileError(f"{where}: 'split' must be one of {SPLITS}, got {split!r}")
-            for name, value in record.items():
-                if not isinstance(value, int | float) or isinstance(value, bool):
-                    raise MetricsFileError(f"{where}: {name!r} is not a number: {value!r}")
-            records[split][step] = {k: float(v) for k, v in record.items()}
-    if not any(records.values()):
-        raise MetricsFileError(f"{path}: no records")
+    for record in telemetry.read_metrics(path):
+        scalars = {k: v for k, v in record.items() if k not in ("step", "split")}
+        records[record["split"]][record["step"]] = scalars
     return records
 
 

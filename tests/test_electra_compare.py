@@ -38,7 +38,8 @@ def vocab(tmp_path):
 def _write_run(path, steps: int, rates: list[float]) -> str:
     os.makedirs(path, exist_ok=True)
     records = [
-        {"step": 50 * (i + 1), "loss": 1.0, "steps_per_second": r} for i, r in enumerate(rates)
+        {"step": 50 * (i + 1), "split": "train", "loss": 1.0, "steps_per_second": r}
+        for i, r in enumerate(rates)
     ]
     records += [{"step": steps, "split": "eval", "mlm_accuracy": 0.2, "disc_accuracy": 0.9}]
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:

@@ -1,13 +1,15 @@
-"""MetricsWriter writes where the workdir is: a local directory or an object store (gs://)."""
+"""MetricsWriter writes where the workdir is: a local directory or an object store (gs://);
+read_metrics reads what it wrote."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import tensorflow as tf
 
-from bert_jax.telemetry import MetricsWriter
+from bert_jax.telemetry import MetricsFileError, MetricsWriter, read_metrics
 
 
 def _records(path: str) -> list[dict]:
@@ -71,3 +73,45 @@ def test_a_resumed_run_cuts_the_steps_it_repeats(tmp_path, remote):
             "metrics.jsonl",
             "tensorboard",
         ]
+
+
+def test_read_metrics_keeps_the_last_record_of_a_step_in_step_order(tmp_path):
+    workdir = str(tmp_path / "run")
+    first = MetricsWriter(workdir, enabled=True)
+    for step in (1, 2, 3):
+        first.write(step, {"loss": 10.0 - step})
+    first.write(2, {"loss": 7.5}, prefix="eval")
+    first.close()
+    # Resumed from step 1 by a writer that keeps everything: steps 2-3 are logged twice.
+    resumed = MetricsWriter(workdir, enabled=True)
+    resumed.write(2, {"loss": 6.0})
+    resumed.write(3, {"loss": 5.0, "mfu": 0.25})
+    resumed.close()
+    assert read_metrics(f"{workdir}/metrics.jsonl") == [
+        {"step": 1, "split": "train", "loss": 9.0},
+        {"step": 2, "split": "eval", "loss": 7.5},
+        {"step": 2, "split": "train", "loss": 6.0},
+        {"step": 3, "split": "train", "loss": 5.0, "mfu": 0.25},
+    ]
+
+
+def test_read_metrics_skips_the_half_line_of_a_killed_writer(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "split": "train", "loss": 2.5}\n\n{"step": 2, "split": "tr')
+    assert read_metrics(str(path)) == [{"step": 1, "split": "train", "loss": 2.5}]
+    path.write_text('{"step": 1, "split": "tr')  # nothing complete: no records
+    with pytest.raises(MetricsFileError, match=f"^{re.escape(str(path))}: no records$"):
+        read_metrics(str(path))
+
+
+def test_read_metrics_names_the_file_and_line_of_a_malformed_record(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        '{"step": 1, "split": "train", "loss": 2.5}\n'
+        '{"step": 2, "split": "train", "loss": 2.\n'  # complete, yet not JSON: corruption
+        '{"step": 3, "split": "train", "loss": 1.5}\n'
+    )
+    with pytest.raises(MetricsFileError, match=f"^{re.escape(str(path))} line 2: not valid JSON"):
+        read_metrics(str(path))
+    with pytest.raises(MetricsFileError, match="no such file"):
+        read_metrics(str(tmp_path / "missing" / "metrics.jsonl"))
