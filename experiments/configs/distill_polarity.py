@@ -17,9 +17,13 @@ hard labels alone; so the students train longer than the teacher, at a larger ra
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from experiments.configs import finetune_base
+
 
 def get_config() -> ml_collections.ConfigDict:
-    config = ml_collections.ConfigDict()
+    # The training recipe without init_from: the student comes from the teacher, a checkpoint
+    # with its vocabulary or a preset (below).
+    config = finetune_base.recipe()
     config.teacher = ""  # a fine-tuned checkpoint (<finetune workdir>/checkpoint or the workdir)
     config.task = "polarity"  # data_pipelines.tasks.sentence_tasks name; labels must match
     config.data_dir = ""  # "" = the cached vaderSentiment sdist (fetched with pip if missing)
@@ -36,24 +40,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.teacher_logits = "precompute"  # "step": in the jitted step; "precompute": once
     config.compare_without_teacher = True  # also train the student with alpha = 0
 
-    config.max_seq_length = 64  # word pieces incl. [CLS]/[SEP] (the teacher's)
-    config.max_train_examples = placeholder(int)  # None: all (smaller for quick checks)
-    config.train_batch_size = 32  # global
-    config.eval_batch_size = 64  # global
-    config.num_epochs = 4
-    config.learning_rate = 2e-4  # peak, after warmup
-    config.warmup_proportion = 0.1  # of all train steps, linear from 0
-    # "adamw": the original BERT AdamW (no bias correction); "adamw_bias_corrected":
-    # Adam's bias correction, steadier for runs of a few hundred steps (Zhang et al. 2021).
-    config.optimizer = "adamw"
-    config.weight_decay = 0.01  # not on LayerNorm and biases
-    config.max_grad_norm = 1.0  # global-norm clipping
-    config.seed = 0  # student init, data order, dropout
-    # The PRNG of the dropout masks (bert_jax.train_state.PRNG_IMPLS): "threefry2x32", or
-    # "rbg" / "unsafe_rbg", cheaper on TPU and GPU. The initialisation is threefry in all.
-    config.prng_impl = "threefry2x32"
-    config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): data parallel over all devices
-    config.log_every = 20  # steps between train_log.jsonl records
+    config.max_seq_length = 64  # the teacher's (finetune_minilm_polarity.py)
+    config.num_epochs = 4  # soft labels from scratch take longer than the teacher (above)
+    config.learning_rate = 2e-4  # a small student from scratch takes a larger rate (above)
+    config.log_every = 20  # a small set, few steps per epoch: log more often
 
     config.benchmark = True  # measure inference sequences/s of teacher and student
     config.bench_batch_size = 64  # sequences per inference batch
