@@ -17,7 +17,7 @@ import os
 import pickle
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 # No TensorFlow import here (see create_pretraining_data's docstring).
 from data_pipelines import (
@@ -27,9 +27,7 @@ from data_pipelines import (
     single_segments,
     tfrecord_files,
 )
-
-if TYPE_CHECKING:
-    from data_pipelines.create_pretraining_data import Options
+from data_pipelines.pretraining_options import Options
 
 
 @dataclasses.dataclass
