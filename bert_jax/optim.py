@@ -8,12 +8,16 @@ Both are preceded by global-norm clipping and may accumulate gradients over micr
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
+
+# Only the annotations name it: the optimizers run where ml_collections is not installed (an
+# accelerator machine's own Python, `benchmarks.accelerator_bench`).
+if TYPE_CHECKING:
+    import ml_collections
 
 # Parameter names that the original excludes from weight decay ("LayerNorm", "layer_norm",
 # "bias"); ours are the LayerNorm `scale`/`bias` leaves, every `bias`, and the MLM output bias.
