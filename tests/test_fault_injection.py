@@ -184,9 +184,13 @@ def test_a_checkpoint_path_that_is_a_file_stops_the_run_before_its_first_step(
     assert (workdir / "checkpoints").read_text() == "not a directory\n"
 
 
+@pytest.mark.extended  # a run of its own to the save it breaks
 def test_a_checkpoint_directory_gone_unwritable_mid_run_stops_at_that_save(
     tmp_path, data_dir, env, finished
 ):
+    """Extended tier. make test still covers its path, a save that fails mid-run stopping the
+    run and keeping the older checkpoint: test_a_failing_background_write_stops_the_run_at_
+    once_and_keeps_the_older_checkpoint."""
     workdir = tmp_path / "run"
     checkpoints = workdir / "checkpoints"
     run = _Run(_command(workdir, data_dir), env, tmp_path / "log")

@@ -261,9 +261,14 @@ def test_sigterm_saves_at_the_current_step_exits_0_and_resumes_exactly(
     _assert_same_run(workdir, reference)
 
 
+@pytest.mark.extended  # two more runs
 def test_non_finite_loss_stops_the_run_and_keeps_only_finite_checkpoints(
     tmp_path, data_dir, env, reference
 ):
+    """Extended tier. make test still covers its path: the stop at a non-finite loss naming
+    the last good checkpoint (test_fault_injection's test_non_finite_loss_before_any_checkpoint_
+    says_there_is_none) and a non-finite loss restored from the checkpoint before it
+    (test_run_safety's test_a_spike_rolls_back_once_skips_the_batches_and_finishes[nan-7-4])."""
     del reference  # only for its compilation cache
     workdir = tmp_path / "run"
     # Warmup makes step 1's rate 0 and step 2's 5e29: the params explode after step 2.

@@ -147,9 +147,14 @@ def _soak(tmp_path, data_dir, env, reference, seed: int, per_kind: int) -> None:
     _assert_same_run(workdir, reference)
 
 
+@pytest.mark.extended  # about a minute: 4 runs besides its own reference
 def test_one_interruption_of_each_kind_then_the_run_ends_as_the_uninterrupted_one(
     tmp_path, data_dir, env, reference
 ):
+    """Extended tier. Each kind's path stays in make test: a SIGKILL mid-save (or just after
+    a step) then a restart in test_resume's test_sigkill_mid_training_then_restart_equals_the_
+    uninterrupted_run, SIGTERM in test_sigterm_saves_at_the_current_step_exits_0_and_resumes_
+    exactly; what this adds is the three in one run."""
     _soak(tmp_path, data_dir, env, reference, seed=0, per_kind=1)
 
 
