@@ -8,7 +8,6 @@ pretraining workdir of `bert_jax.checkpointing`.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -18,6 +17,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import optax
+from convert_fixtures import _write_tf_checkpoint
 
 from bert_jax import checkpointing, convert
 from bert_jax.config import BertConfig
@@ -76,8 +76,6 @@ def _google_name(hf_key: str) -> tuple[str, bool]:
 
 
 def write_tf_checkpoint(directory: Path, params: dict) -> Path:
-    import tensorflow as tf
-
     state, _ = convert.to_hf_state_dict(TINY, params)
     variables = {}
     for key, value in state.items():
@@ -86,18 +84,7 @@ def write_tf_checkpoint(directory: Path, params: dict) -> Path:
         name, transpose = _google_name(key)
         variables[name] = np.ascontiguousarray(value.T if transpose else value)
     directory.mkdir(parents=True)
-    graph = tf.Graph()
-    with graph.as_default():
-        holders = []
-        for name, value in variables.items():
-            holder = tf.compat.v1.placeholder(value.dtype, value.shape)
-            holders.append((tf.compat.v1.Variable(holder, name=name), holder, value))
-        saver = tf.compat.v1.train.Saver()
-        with tf.compat.v1.Session(graph=graph) as session:
-            for var, holder, value in holders:
-                session.run(var.initializer, {holder: value})
-            saver.save(session, str(directory / "bert_model.ckpt"), write_meta_graph=False)
-    (directory / "bert_config.json").write_text(json.dumps(TINY.to_google_dict()))
+    _write_tf_checkpoint(directory, variables, TINY.to_google_dict())
     shutil.copyfile(minilm_vocab(), directory / "vocab.txt")
     return directory
 
