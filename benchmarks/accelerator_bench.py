@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import fnmatch
 import json
 import os
 import subprocess
@@ -187,10 +188,19 @@ def build_plan(args, platform: str) -> list[dict[str, Any]]:
                 batch=batch_size(args, size, seq_len),
                 config=dataclasses.asdict(config),
             )
+            if not _matches(row["id"], args.rows):
+                continue
+            if peer == "ours" and args.profile and _matches(row["id"], args.profile):
+                name = "profile-" + row["id"].replace("/", "-") + ".json.gz"
+                row["profile_path"] = os.path.join(args.output_dir, name)
             if attention == "cudnn" and platform != "gpu":
                 row.update(status="skipped", error=f"cudnn needs a GPU (platform {platform})")
             rows.append(row)
     return rows
+
+
+def _matches(row_id: str, patterns: str) -> bool:
+    return any(fnmatch.fnmatchcase(row_id, p) for p in patterns.split(",") if p)
 
 
 def run_process(spec: dict[str, Any], timeout: float, log_path: str) -> tuple[dict, float]:
@@ -337,7 +347,36 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "logits at every position, unpacked only; vs torch: our seq/s over its, same model "
         "and T. Peak GiB: jax's `peak_bytes_in_use`, torch's `max_memory_allocated`.",
     ]
+    for row in rows:
+        if row.get("profile"):
+            lines += profile_markdown(row)
     return "\n".join(lines) + "\n"
+
+
+def profile_markdown(row: dict[str, Any]) -> list[str]:
+    """A profiled row's busiest timelines and ops (`accelerator_rows.summarise_trace`)."""
+    profile = row["profile"]
+    lines = [
+        "",
+        f"## Profile: {row['id']}",
+        "",
+        f"{profile['steps']} steps traced after the timed ones (median step "
+        f"{row.get('step_s', 0) * 1e3:.1f} ms); trace: `{os.path.basename(row['profile_path'])}`.",
+    ]
+    for timeline in profile["lines"]:
+        total = timeline["ms_per_step"]
+        lines += [
+            "",
+            f"{timeline['line']}: {total:.2f} ms per step",
+            "",
+            "| op | ms per step | share |",
+            "| --- | ---: | ---: |",
+        ]
+        lines += [
+            f"| `{name}` | {ms:.3f} | {ms / total if total else 0:.1%} |"
+            for name, ms in timeline["ops"]
+        ]
+    return lines
 
 
 def write_outputs(rows: list[dict[str, Any]], meta: dict[str, Any], out_dir: str) -> None:
@@ -447,6 +486,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # benchmarks/README.md); a corpus of long documents fills its rows (Shakespeare at 128: 12%).
     add("--full_fraction", type=float, default=0.0, help="instances that fill their row")
     add("--max_instances_per_row", type=int, default=4, help="instance slots of a packed row")
+    add("--rows", default="*", help="comma list of row id patterns (fnmatch) to run")
+    add(
+        "--profile",
+        default="",
+        help="comma list of row ids (patterns) to trace with jax's "
+        "profiler: a Perfetto trace and the busiest ops per step in the report",
+    )
     add("--seed", type=int, default=0)
     add("--peak_tflops", type=float, default=None, help="the chip's peak, where the table lacks it")
     args = parser.parse_args(argv)

@@ -17,8 +17,14 @@ the step is built from `BertConfig`, the heads, the losses, the project's optimi
 
 from __future__ import annotations
 
+import collections
+import glob
+import gzip
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any
@@ -35,6 +41,8 @@ MASKED_FRACTION = 0.15  # BERT's masked_lm_prob
 # and cannot be imported here.
 MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
 PACKING_INPUTS = ("position_ids", "instance_ids", "cls_positions")
+PROFILE_STEPS = 3  # steps traced after the timed ones, where a row is profiled
+PROFILE_LINES, PROFILE_OPS = 4, 15  # busiest timelines kept, busiest ops of each
 
 
 # --- synthetic batches ---------------------------------------------------------------------
@@ -204,6 +212,9 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         state, metrics = run_step(state)
         times.append(time.perf_counter() - begin)
     last_loss = float(metrics["loss"])
+    profile = None
+    if spec.get("profile_path"):
+        profile = profile_steps(run_step, state, spec["profile_path"])
     if not (np.isfinite(first_loss) and np.isfinite(last_loss)):
         return dict(status="error", error=f"non-finite loss: first {first_loss}, last {last_loss}")
     device = jax.devices()[0]
@@ -217,10 +228,64 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         last_loss=last_loss,
         peak_bytes=stats.get("peak_bytes_in_use"),
         compiled_bytes=_compiled_bytes(compiled),
+        profile=profile,
         device_kind=device.device_kind,
         versions={"jax": jax.__version__},
         **batch_counts(host_batch),
     )
+
+
+def profile_steps(run_step, state, trace_path: str) -> dict[str, Any]:
+    """Traces `PROFILE_STEPS` more steps with jax's profiler; the trace (Perfetto's JSON)
+    is copied to `trace_path` and summarised (`summarise_trace`)."""
+    import jax
+
+    with tempfile.TemporaryDirectory() as log_dir:
+        with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+            for _ in range(PROFILE_STEPS):
+                state, _ = run_step(state)
+        pattern = os.path.join(log_dir, "plugins", "profile", "*", "perfetto_trace.json.gz")
+        (trace,) = glob.glob(pattern)
+        shutil.copyfile(trace, trace_path)
+    return summarise_trace(trace_path, PROFILE_STEPS)
+
+
+def summarise_trace(path: str, steps: int) -> dict[str, Any]:
+    """Where a profiled step's time went: the busiest timelines of the device (of the host,
+    where no device has one: a CPU run), each with its total and its busiest ops, in
+    milliseconds per step. A timeline is a trace thread: a GPU stream, or XLA's op line."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    names = {}  # ("process", pid) or ("thread", pid, tid) -> its name
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
+            key = (
+                ("process", e["pid"])
+                if e["name"] == "process_name"
+                else ("thread", e["pid"], e["tid"])
+            )
+            names[key] = e["args"]["name"]
+    processes = {key[1]: name for key, name in names.items() if key[0] == "process"}
+    devices = {pid for pid, name in processes.items() if name.startswith("/device:")}
+    wanted = devices or set(processes)
+    busy: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for e in events:
+        if e.get("ph") == "X" and e.get("pid") in wanted:
+            thread = names.get(("thread", e["pid"], e.get("tid")), str(e.get("tid")))
+            busy[f"{processes[e['pid']]} {thread}"][e["name"][:160]] += float(e.get("dur", 0))
+    lines = sorted(busy.items(), key=lambda item: -sum(item[1].values()))[:PROFILE_LINES]
+    return {
+        "steps": steps,
+        "lines": [
+            {
+                "line": line,
+                "ms_per_step": sum(ops.values()) / steps / 1e3,
+                "ops": [[name, us / steps / 1e3] for name, us in ops.most_common(PROFILE_OPS)],
+            }
+            for line, ops in lines
+        ],
+    }
 
 
 def _compiled_bytes(compiled) -> dict[str, int] | None:

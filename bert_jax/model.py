@@ -106,8 +106,12 @@ def matmul(x: jax.Array, kernel: jax.Array, contract: int, dtype) -> jax.Array:
     """x (..., *K) @ kernel (*K, *F) -> (..., *F) over the `contract` K axes: both inputs
     cast to `dtype`, the products accumulated and returned in f32.
 
-    The backward pass is the one jax derives, with one difference: the kernel's gradient
-    stays in f32 as the matmul accumulated it. jax would round it to `dtype` (the cast
+    The backward pass is the one jax derives, with two differences. The incoming gradient
+    is cast to `dtype` too, so that both backward products are `dtype` x `dtype` as the
+    forward's: jax would multiply the f32 gradient with the bf16 copy in f32, which a TPU
+    runs as one bf16 pass anyway but a GPU runs as TF32 GEMMs (on an H100, BERT-Large's
+    backward spent 61 of 228 ms a step in them, 2026-11-26). And the kernel's gradient
+    stays in f32 as the matmul accumulated it: jax would round it to `dtype` (the cast
     copy's type) and back, and XLA then sums the gradients over the devices in bf16 before
     converting (the TPU compiler did so for every BERT-Large kernel). Here the cross-device
     sum is in f32, as google-research/bert's and every mixed-precision recipe's.
@@ -130,6 +134,7 @@ def _matmul_forward(x, kernel, contract, dtype):
 
 def _matmul_backward(contract, dtype, saved, g):
     x_c, kernel_c, x_type, kernel_type = saved
+    g = g.astype(dtype)
     lead = x_c.ndim - contract  # the batch-like axes of x, and of g before its F axes
     features = kernel_c.ndim - contract
     # dx: g (..., *F) . kernel (*K, *F) over F -> (..., *K), as jax's own transpose.
@@ -149,6 +154,34 @@ def _matmul_backward(contract, dtype, saved, g):
 
 
 matmul.defvjp(_matmul_forward, _matmul_backward)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def mixed_einsum(subscripts: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """`jnp.einsum(subscripts, a, b)` as `matmul` computes a product: both inputs cast to
+    `dtype`, accumulated and returned in f32, and the backward's products `dtype` x `dtype`
+    (the incoming gradient cast too), accumulated in f32. Every index of `a` must appear in
+    `b` or the output, and likewise for `b` (no sum over one input's own index)."""
+    return _einsum_forward(subscripts, a, b, dtype)[0]
+
+
+def _einsum_forward(subscripts, a, b, dtype):
+    a_c, b_c = a.astype(dtype), b.astype(dtype)
+    y = jnp.einsum(subscripts, a_c, b_c, preferred_element_type=jnp.float32)
+    return y, (a_c, b_c, jnp.zeros((), a.dtype), jnp.zeros((), b.dtype))
+
+
+def _einsum_backward(subscripts, dtype, saved, g):
+    a_c, b_c, a_type, b_type = saved
+    inputs, out = subscripts.split("->")
+    a_axes, b_axes = inputs.split(",")
+    g = g.astype(dtype)
+    da = jnp.einsum(f"{out},{b_axes}->{a_axes}", g, b_c, preferred_element_type=jnp.float32)
+    db = jnp.einsum(f"{out},{a_axes}->{b_axes}", g, a_c, preferred_element_type=jnp.float32)
+    return da.astype(a_type.dtype), db.astype(b_type.dtype)
+
+
+mixed_einsum.defvjp(_einsum_forward, _einsum_backward)
 
 
 def dense(config: BertConfig, features, names: tuple[str | None, ...], name: str, axis=-1):
@@ -290,6 +323,11 @@ class SelfAttention(nn.Module):
                     f"dropout to attention probabilities: training with it needs "
                     f"attention_probs_dropout_prob=0, got {cfg.attention_probs_dropout_prob}"
                 )
+            if cfg.attention_implementation == "cudnn":
+                # cuDNN takes a mask only at full (T, S): an unpacked row's (B, 1, 1, S)
+                # padding mask is broadcast over the queries.
+                batch, _, _, keys = mask.shape
+                mask = jnp.broadcast_to(mask, (batch, 1, q.shape[1], keys))
             # q is already scaled (as on the einsum path), so the op's own scale is 1.
             context = jax.nn.dot_product_attention(
                 q.astype(cfg.dtype),
@@ -306,20 +344,10 @@ class SelfAttention(nn.Module):
 
     def _einsum(self, q, k, v, mask, dropout):
         cfg = self.config
-        logits = jnp.einsum(
-            "btad,bsad->bats",
-            q.astype(cfg.dtype),
-            k.astype(cfg.dtype),
-            preferred_element_type=jnp.float32,
-        )  # (B, A, T, S)
+        logits = mixed_einsum("btad,bsad->bats", q, k, cfg.dtype)  # (B, A, T, S)
         probs = jax.nn.softmax(logits + attention_bias(mask), axis=-1)
         probs = dropout(probs, self.deterministic)
-        return jnp.einsum(
-            "bats,bsad->btad",
-            probs.astype(cfg.dtype),
-            v.astype(cfg.dtype),
-            preferred_element_type=jnp.float32,
-        )  # (B, T, A, D)
+        return mixed_einsum("bats,bsad->btad", probs, v, cfg.dtype)  # (B, T, A, D)
 
 
 class TransformerLayer(nn.Module):

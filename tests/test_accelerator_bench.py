@@ -94,7 +94,8 @@ def test_tiny_rehearsal_runs_every_row_without_tensorflow(tmp_path):
     )
     env.pop("XLA_FLAGS", None)  # one CPU device, as the GPU machine has one GPU
     command = ["bash", "benchmarks/accelerator_run.sh", "--sizes=tiny", "--seq_lens=32",
-               "--steps=2", "--warmup=1", "--time_budget_s=600"]  # fmt: skip
+               "--steps=2", "--warmup=1", "--time_budget_s=600",
+               "--profile=ours/*/unpacked/einsum"]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert not blocked.exists(), blocked.read_text()
@@ -134,7 +135,17 @@ def test_tiny_rehearsal_runs_every_row_without_tensorflow(tmp_path):
             expected_dropout = 0.1 if row["attention"] == "einsum" else 0.0
             assert row["attn_dropout"] == row["config"]["attention_probs_dropout_prob"]
             assert row["attn_dropout"] == expected_dropout
+    # The one profiled row: its trace beside the table, its busiest ops in the report.
+    profiled = [r for r in rows if r.get("profile")]
+    assert [r["id"] for r in profiled] == ["ours/tiny/T32/unpacked/einsum"]
+    profile = profiled[0]["profile"]
+    assert (out / "profile-ours-tiny-T32-unpacked-einsum.json.gz").stat().st_size > 0
+    assert profile["steps"] == 3 and profile["lines"]
+    for timeline in profile["lines"]:
+        assert timeline["ms_per_step"] > 0 and timeline["ops"]
+        assert sum(ms for _, ms in timeline["ops"]) <= timeline["ms_per_step"] * (1 + 1e-9)
     table = (out / "results.md").read_text()
+    assert "## Profile: ours/tiny/T32/unpacked/einsum" in table
     assert "| " + " | ".join(bench.TABLE_COLUMNS) + " |" in table
     assert sum(line.startswith("| tiny") for line in table.splitlines()) == len(rows)
     assert (out / "rows.log").stat().st_size > 0 and (out / "run.log").stat().st_size > 0
@@ -174,6 +185,25 @@ def test_plan_orders_rounds_and_overrides_batches():
     assert batches == {("base", 128): 256, ("base", 512): 16, ("large", 128): 128,
                        ("large", 512): 32}  # fmt: skip
     assert {r["predictions"] for r in rows if r["seq_len"] == 512} == {80}
+
+
+def test_rows_and_profile_flags_pick_rows_by_id():
+    args = _args("--rows=ours/large/*/unpacked/cudnn,torch/*", "--profile=*/T128/*",
+                 "--output_dir=/tmp/x")  # fmt: skip
+    rows = bench.build_plan(args, "gpu")
+    assert [r["id"] for r in rows] == [
+        "ours/large/T128/unpacked/cudnn",
+        "ours/large/T512/unpacked/cudnn",
+        "torch/base/T128/unpacked/sdpa",
+        "torch/large/T128/unpacked/sdpa",
+        "torch/base/T512/unpacked/sdpa",
+        "torch/large/T512/unpacked/sdpa",
+    ]
+    # Only our rows are traced (the peer has no jax profile).
+    traced = {r["id"]: r["profile_path"] for r in rows if "profile_path" in r}
+    assert traced == {
+        "ours/large/T128/unpacked/cudnn": "/tmp/x/profile-ours-large-T128-unpacked-cudnn.json.gz"
+    }
 
 
 def _args(*flags: str):
