@@ -7,14 +7,17 @@ run reads exactly what the uninterrupted one would have.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
+from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax.config import objective
+from bert_jax.config import ConfigError, objective
 
 
 def max_instances_per_row(config: ml_collections.ConfigDict) -> int | None:
@@ -40,22 +43,136 @@ def gather_positions(position: dict) -> list[dict]:
     return [json.loads(bytes(row).rstrip(b"\0")) for row in np.asarray(gathered)]
 
 
-def data_identity(config) -> dict:
-    """The data settings a saved data position is only valid for."""
+class DataChangeError(ConfigError):
+    """A workdir resumed with data its saved data position does not describe."""
+
+
+# How `data_changes` names each key of a data identity: the flag that sets it.
+_FLAGS = {
+    "files": "data.train_files",
+    "train_files": "data.train_files",
+    "max_seq_length": "data.max_seq_length",
+    "max_predictions_per_seq": "data.max_predictions_per_seq",
+    "dynamic_masking": "data.dynamic_masking",
+    "masked_lm_prob": "data.masked_lm_prob",
+    "whole_word_mask": "data.whole_word_mask",
+    "pack": "data.pack",
+    "max_instances_per_row": "data.max_instances_per_row",
+    "num_streams": "data.num_streams",
+    "shuffle_buffer": "data.shuffle_buffer",
+    "global_batch_size": "global_batch_size",
+    "seed": "seed",
+    "objective": "objective",
+}
+
+
+# Keys that mean something only when another is on: a change of the switch names it alone.
+_DEPENDS = {
+    "masked_lm_prob": "dynamic_masking",
+    "whole_word_mask": "dynamic_masking",
+    "max_instances_per_row": "pack",
+}
+
+
+def data_identity(config, num_streams: int | None = None) -> dict:
+    """The data settings a saved data position is only valid for (JSON), keyed as `_FLAGS`.
+
+    `files` fingerprints what `data.train_files` matches: each file's name and size, in the
+    pipeline's order (a moved directory is the same data; records of another length or
+    count are not). Masking rate and whole-word masking count only with dynamic masking
+    (static records fix them), `max_instances_per_row` only when packing.
+
+    Args:
+        config: the experiment config.
+        num_streams: the streams the pipeline really deals (a checkpoint stores them);
+            None: `config.data.num_streams`, which None leaves to the saved position.
+    """
+    from data_pipelines import input_pipeline
+
     data = config.data
-    identity = {
+    dynamic, packed = data.dynamic_masking, data.get("pack", False)
+    files = input_pipeline.list_files(data.train_files)
+    sizes = _sizes(files)
+    return {
         "train_files": data.train_files,
+        "files": [[os.path.basename(f), n] for f, n in zip(files, sizes, strict=True)],
         "max_seq_length": data.max_seq_length,
         "max_predictions_per_seq": data.max_predictions_per_seq,
-        "dynamic_masking": data.dynamic_masking,
+        "dynamic_masking": dynamic,
+        "masked_lm_prob": data.masked_lm_prob if dynamic else None,
+        "whole_word_mask": data.whole_word_mask if dynamic else None,
+        "pack": packed,
+        "max_instances_per_row": data.max_instances_per_row if packed else None,
+        "num_streams": num_streams or data.get("num_streams"),
+        "shuffle_buffer": data.shuffle_buffer,
         "global_batch_size": config.global_batch_size,
         "seed": config.seed,
+        "objective": objective(config),
     }
-    if data.get("pack", False):  # only a packed run names it: unpacked identities stay as saved
-        identity["max_instances_per_row"] = data.max_instances_per_row
-    if objective(config) != "mlm_nsp":  # likewise: BERT's identities stay as saved
-        identity["objective"] = objective(config)
-    return identity
+
+
+def _sizes(files: list[str]) -> list[int]:
+    import tensorflow as tf
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:  # one request each on gs://
+        return list(pool.map(lambda f: int(tf.io.gfile.stat(f).length), files))
+
+
+def data_changes(saved: dict | None, now: dict) -> list[tuple[str, Any, Any]]:
+    """Where data identity `now` differs from `saved` (a checkpoint's; None: saved before
+    identities were): [(flag, saved value, value now)], in `_FLAGS` order.
+
+    An identity saved before a key existed is compared on the keys it holds (`train_files`
+    as the glob string where it has no `files`); absent `objective` and
+    `max_instances_per_row` were the defaults of their day ("mlm_nsp", unpacked). A
+    `num_streams` of None now takes the saved one, so it is no change. Masking rate and
+    slots are not named beside a change of the switch that gives them a meaning.
+    """
+    if saved is None:
+        return []
+    saved = {"objective": "mlm_nsp", "max_instances_per_row": None} | saved
+    saved.setdefault("pack", saved["max_instances_per_row"] is not None)
+    compared = [k for k in _FLAGS if k in saved and k in now]
+    if "files" in compared:
+        compared.remove("train_files")  # the globs may move; the files they match decide
+    changes = []
+    for key in compared:
+        was, value = saved[key], now[key]
+        if key == "num_streams" and value is None:
+            continue
+        if _DEPENDS.get(key) in compared and saved[_DEPENDS[key]] != now[_DEPENDS[key]]:
+            continue  # named as the switch that gives it a meaning
+        if key == "files":
+            was, value = _files_change(was, value, saved.get("train_files"), now["train_files"])
+        elif key == "train_files":  # as `_files_change` shows them
+            was, value = repr(was), repr(value)
+        if was != value:
+            changes.append((_FLAGS[key], was, value))
+    return changes
+
+
+def _files_change(saved: list, now: list, saved_glob, glob) -> tuple[str, str]:
+    """Both sides of a change of the files `data.train_files` matches, in a few words: the
+    globs, the file counts and the first files that differ (equal strings: no change)."""
+    saved, now = [tuple(f) for f in saved], [tuple(f) for f in now]
+    if saved == now:
+        return "", ""
+
+    def side(glob, files, other):
+        differing = [f"{name} ({size} bytes)" for name, size in files if (name, size) not in other]
+        shown = ", ".join(differing[:3]) + (", ..." if len(differing) > 3 else "")
+        return f"{glob!r} ({len(files)} files{'; ' + shown if shown else ''})"
+
+    return side(saved_glob, saved, set(now)), side(glob, now, set(saved))
+
+
+def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
+    """'--config.data.max_seq_length: saved 128, now 512; ...'."""
+    return "; ".join(
+        f"--config.{flag}: saved {was if flag == 'data.train_files' else repr(was)}, "
+        f"now {now if flag == 'data.train_files' else repr(now)}"
+        for flag, was, now in changes
+    )
 
 
 def make_input(config, position, *, files, seed, mask_config, num_streams=None):

@@ -8,7 +8,9 @@ Resume order (first that applies): a checkpoint in `<workdir>/checkpoints`, else
 `config.resume_from` (a full train state: params, optimizer, step), else
 `config.init_from` (params only: this project's checkpoint, a Google TF checkpoint or a
 Hugging Face directory), else a fresh initialisation. A full train state resumes only into the
-model it was trained with (`_check_model`; `config.allow_model_change` overrides). With
+model it was trained with (`_check_model`; `config.allow_model_change` overrides), and a
+workdir's own checkpoints only with the data their saved position describes (`_check_data`;
+`config.data.on_change="restart"` reads the data from its beginning instead). With
 `config.rollback.enabled`, a loss spike rolls the run back to its last checkpoint
 (`bert_jax.rollback`).
 """
@@ -54,29 +56,50 @@ def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng
     return params
 
 
-def _restore(config, workdir, abstract_state, shardings, vocab_size: int | None = None):
+def _restore(
+    config, workdir, abstract_state, shardings, identity: dict, vocab_size: int | None = None
+):
     """Applies the resume order; returns (state or None, data position or None, source).
 
     A full train state (own checkpoints, `resume_from`) is first checked to have been trained
-    with the model the run describes (`_check_model`; `vocab_size`: the vocab file's).
+    with the model the run describes (`_check_model`; `vocab_size`: the vocab file's). Its
+    data position is kept where the data it was saved with is `identity`
+    (`pretraining_input.data_identity`): own checkpoints with other data are refused
+    (`_check_data`), `resume_from` (a new phase, e.g. on longer records) then starts the data
+    from its beginning.
     """
     target = checkpointing.abstract_like(abstract_state, shardings)
     own = checkpointing.make_manager(os.path.join(workdir, "checkpoints"), async_save=False)
     if own.latest_step() is not None:
-        _check_model(config, checkpointing.saved_config(own), own.directory, vocab_size)
+        saved = checkpointing.saved_config(own)
+        _check_model(config, saved, own.directory, vocab_size)
+        changes = pretraining_input.data_changes(saved.get("data_identity"), identity)
+        _check_data(config, changes, own.directory)
         # An unreadable newest checkpoint is named, set aside, and the one before restored.
         state, positions, _ = checkpointing.restore(own, None, target, set_aside=True)
-        return (
-            state,
-            pretraining_input.data_position(positions),
-            f"{own.directory} step {int(state.step)}",
-        )
+        if changes:  # config.data.on_change="restart"
+            logging.warning(
+                "the data restarts from its beginning at step %d (on_change=restart)",
+                int(state.step),
+            )
+        position = None if changes else pretraining_input.data_position(positions)
+        return state, position, f"{own.directory} step {int(state.step)}"
     if config.resume_from:  # only read: it may be another run's, or read-only
         other = checkpointing.make_manager(config.resume_from, async_save=False, create=False)
         _check_model(config, checkpointing.saved_config(other), config.resume_from, vocab_size)
         state, positions, saved = checkpointing.restore(other, None, target)
-        same_data = saved.get("data_identity") == pretraining_input.data_identity(config)
-        position = pretraining_input.data_position(positions) if same_data else None
+        saved_identity = saved.get("data_identity")
+        changes = pretraining_input.data_changes(saved_identity, identity)
+        position = None
+        if saved_identity is None or changes:
+            logging.info(
+                "resume_from %s: the data starts from its beginning at step %d (%s)",
+                config.resume_from,
+                int(state.step),
+                pretraining_input.describe_changes(changes) or "no data identity saved",
+            )
+        else:
+            position = pretraining_input.data_position(positions)
         _check_start_step(config, int(state.step), f"resume_from {config.resume_from}")
         return state, position, f"resume_from {config.resume_from} step {int(state.step)}"
     _check_start_step(config, 0, "a run that starts from step 0 (no resume_from)")
@@ -104,6 +127,33 @@ def _check_model(config, saved: dict, source: str, vocab_size: int | None) -> No
     raise ModelChangeError(
         f"the checkpoints in {source} were trained with another model: {listed}. Set "
         "config.allow_model_change=True to resume them with the model this config describes"
+    )
+
+
+def _check_data(config, changes: list, source: str) -> None:
+    """Refuses to resume the checkpoints in `source` with data their saved position does not
+    describe (`changes`: `pretraining_input.data_changes`), unless
+    `config.data.on_change="restart"`: then a warning names each change, and the caller
+    starts the data from its beginning at the checkpoint's step.
+
+    Raises:
+        DataChangeError: naming each flag with its saved value and its value now.
+        ConfigError: `config.data.on_change` is neither "refuse" nor "restart".
+    """
+    mode = config.data.get("on_change", "refuse")  # configs older than the key: refused
+    if mode not in ("refuse", "restart"):
+        raise ConfigError(f"--config.data.on_change={mode!r}: use 'refuse' or 'restart'")
+    if not changes:
+        return
+    listed = pretraining_input.describe_changes(changes)
+    if mode == "restart":
+        logging.warning("resuming %s with other data (on_change=restart): %s", source, listed)
+        return
+    raise pretraining_input.DataChangeError(
+        f"the checkpoints in {source} were saved reading other data: {listed}. Their data "
+        "position (epoch, batch, stream offsets) describes that data only. Set "
+        "--config.data.on_change=restart to resume the train state and read this data from "
+        "its beginning"
     )
 
 
@@ -169,8 +219,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     # in config.prng_impl; "electra" splits each step's key into dropout and the generator's
     # samples). Neither is stored: a resumed run derives the same keys again.
     init_rng, dropout_rng = run_keys(config.seed, config.prng_impl)
+    identity = pretraining_input.data_identity(config)
     state, position, source = _restore(
-        config, workdir, run.abstract_state, shardings, tokenizer.vocab_size
+        config, workdir, run.abstract_state, shardings, identity, tokenizer.vocab_size
     )
     if state is None:
         # A fresh state in the run's layout: params from `init_from`, else initialised.
@@ -203,9 +254,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     # interrupted run logged for those is cut, so metrics.jsonl reads as one run.
     writer = telemetry.MetricsWriter(workdir, last_step=int(state.step) or -1)
     watcher = checkpointing.PreemptionWatcher(manager)
-    config_json = checkpointing.config_to_json(config) | {
-        "data_identity": pretraining_input.data_identity(config)
-    }
+    # The streams the pipeline deals (a config's None: the saved position's, else the
+    # process count), so a resume that names another count is refused.
+    identity["num_streams"] = train_data.spec.num_streams
+    config_json = checkpointing.config_to_json(config) | {"data_identity": identity}
     flops = train.flops_per_step(config, cfg)
     peak = telemetry.peak_flops_per_device(cfg.dtype) * jax.device_count()
     guard = config.get("rollback")  # configs older than the block: none
