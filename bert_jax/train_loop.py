@@ -298,11 +298,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     saving = False  # a background save not yet known to have landed
     progress = tqdm(total=stop, initial=start, disable=jax.process_index() != 0, desc="pretrain")
     timer = (time.perf_counter(), start)
+    step = start
     try:
         with sharding.activation_context(mesh, run.rules):
-            if start == 0:
+            if start == 0 and config.eval_every:  # 0: never
                 evaluate(0)
-            step = start
             while step < stop:  # not a range: a rollback takes `step` back
                 step += 1
                 inputs = sharding.global_batch(next(train_data), mesh, run.rules)
@@ -354,11 +354,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                     break
         checkpointing.finish_saves(manager)
         manager.close()
+    except BaseException as error:  # a reader error, the step's, Ctrl-C, a refused rollback
+        _finish_after(error, manager, step)
+        raise
     finally:
         progress.close()
         watcher.close()
         writer.close()
     return last
+
+
+def _finish_after(error: BaseException, manager, step: int) -> None:
+    """Lands the save in flight (a checkpoint abandoned mid-write would be left as a
+    `*.orbax-checkpoint-tmp` directory, and the rerun would resume from the one before) and
+    notes on `error`, and in the log, the step the run stopped at and the checkpoint a rerun
+    resumes from."""
+    try:
+        checkpointing.finish_saves(manager)
+    except checkpointing.CheckpointError as failed:  # the save in flight failed as well
+        error.add_note(str(failed))
+    good = manager.latest_step()
+    where = (
+        f"the last complete checkpoint is step {good} in {manager.directory}"
+        if good is not None
+        else f"no checkpoint was saved yet in {manager.directory}"
+    )
+    note = f"training stopped at step {step} ({type(error).__name__}); {where}"
+    error.add_note(note)
+    logging.error(note)
 
 
 def _flush(

@@ -15,11 +15,14 @@ synthetic records.
 
 import logging
 import os
+import time
 
 import pytest
 import synthetic_pretraining as synth
+import tensorflow as tf
+from orbax.checkpoint._src.checkpointers import async_checkpointer
 
-from bert_jax import checkpointing, pretraining_input, train_loop
+from bert_jax import checkpointing, pretraining_input, telemetry, train, train_loop
 
 STEPS = 4
 
@@ -154,6 +157,11 @@ def trained(tmp_path_factory, data_dir):
     return workdir
 
 
+def test_eval_every_0_never_evaluates(trained):
+    records = telemetry.read_metrics(str(trained / "metrics.jsonl"))
+    assert {r["split"] for r in records} == {"train"}, records
+
+
 def test_a_workdir_resumed_on_other_files_is_refused_then_restarts_the_data_on_request(
     tmp_path, data_dir, trained, caplog
 ):
@@ -190,3 +198,79 @@ def test_an_unknown_on_change_is_refused_naming_the_flag(tmp_path, data_dir, tra
     config.data.on_change = "ignore"
     with pytest.raises(ValueError, match=r"--config.data.on_change='ignore': use 'refuse' or"):
         train_loop.train_and_evaluate(config, str(trained))
+
+
+# --- a run stopped while a save is in flight -----------------------------------------------
+
+
+class _FailingReader:
+    """The run's training stream, whose `fail_at`-th batch is a cut-short record."""
+
+    def __init__(self, inner, fail_at: int):
+        self.inner, self.fail_at, self.batches = inner, fail_at, 0
+
+    def __next__(self):
+        self.batches += 1
+        if self.batches == self.fail_at:
+            raise tf.errors.DataLossError(None, None, "truncated record at 47107")
+        return next(self.inner)
+
+    def __getattr__(self, name):  # position, spec
+        return getattr(self.inner, name)
+
+
+@pytest.fixture
+def slow_saves(monkeypatch):
+    """Each background checkpoint write takes 2 s more: a save is in flight at the fault."""
+    real = async_checkpointer._background_wait_for_commit_futures
+
+    def slow(*args, **kwargs):
+        time.sleep(2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(async_checkpointer, "_background_wait_for_commit_futures", slow)
+
+
+@pytest.mark.parametrize("fault", ["reader", "step"])
+def test_a_fault_while_a_save_is_in_flight_lands_it_and_names_it(
+    tmp_path, data_dir, monkeypatch, slow_saves, caplog, fault
+):
+    """The save of step 2 is in flight when step 3's batch (or step) fails."""
+    workdir, config = tmp_path / "run", _config(data_dir)
+    if fault == "reader":
+        real_input = pretraining_input.train_input
+        monkeypatch.setattr(
+            pretraining_input,
+            "train_input",
+            lambda *args: _FailingReader(real_input(*args), fail_at=3),
+        )
+        expected = tf.errors.DataLossError
+    else:
+        real_setup = train.setup
+
+        def setup(config, mesh, vocab_size=None):
+            run = real_setup(config, mesh, vocab_size)
+
+            def step(state, batch, rng):
+                if int(state.step) == 2:
+                    raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+                return run.train_step(state, batch, rng)
+
+            return run._replace(train_step=step)
+
+        monkeypatch.setattr(train, "setup", setup)
+        expected = RuntimeError
+    with pytest.raises(expected) as stopped:
+        train_loop.train_and_evaluate(config, str(workdir))
+    assert _complete_and_unfinished(workdir) == ([2], [])
+    note = (
+        f"training stopped at step 3 ({expected.__name__}); the last complete checkpoint is "
+        f"step 2 in {workdir / 'checkpoints'}"
+    )
+    assert note in getattr(stopped.value, "__notes__", []), stopped.value
+
+    monkeypatch.undo()  # the rerun reads good data, from the checkpoint the note named
+    with caplog.at_level(logging.INFO):
+        train_loop.train_and_evaluate(config, str(workdir))
+    assert f"train state from {workdir / 'checkpoints'} step 2" in caplog.text
+    assert _complete_and_unfinished(workdir) == ([2, 4], [])
