@@ -82,8 +82,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.num_streams = placeholder(int)
     config.data.pack = False  # True: several instances per row, kept apart (data_pipelines.packing)
     config.data.max_instances_per_row = 4  # instance slots of a packed row (NSP predictions)
-    # A workdir resumed on other data than its checkpoints' (docs/tpu.md#6): "refuse" names
-    # each change; "restart" reads this data from its beginning at the checkpoint's step.
+    # A workdir resumed on other data than its checkpoints' (docs/tpu.md section 6): "refuse"
+    # names each change; "restart" reads this data from its beginning at the checkpoint's step.
     config.data.on_change = "refuse"
 
     config.global_batch_size = 64  # sequences per step over all devices
