@@ -28,7 +28,8 @@ Differences from the original, for corpora that do not fit in memory and for spe
   records are framed by `tfrecord_files`, so neither the main process nor a worker pays
   TensorFlow's import (several CPU seconds each).
 
-A stats JSON is written next to the (first) output file: `<output_file>.stats.json`.
+A stats JSON is written next to the (first) output file: `<output_file>.stats.json`
+(the input pipeline skips it where a shard pattern such as `out/train-*` matches it).
 
 Example:
 
@@ -148,7 +149,7 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
     with tfrecord_files.TFRecordShardWriter(
         options.output_file, options.num_output_shards
     ) as writer:
-        stats_path = writer.paths[0] + ".stats.json"
+        stats_path = writer.paths[0] + tfrecord_files.STATS_SUFFIX
         _check_writable(stats_path)
         documents = iter_documents(options, read_stats)
         chunks = iter_chunks(documents, options.documents_per_chunk)
@@ -173,24 +174,27 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
 
 
 def _check_writable(path: str) -> None:
+    # A hidden temporary's name, which no shard pattern matches and a later run removes if
+    # this one is killed before it does.
+    probe = tfrecord_files.temporary_path(path)
     try:
         if "://" in path:  # gs://...: through tf.io.gfile (TensorFlow only for URLs)
             import tensorflow as tf
 
-            with tf.io.gfile.GFile(path + ".probe", "w") as f:
+            with tf.io.gfile.GFile(probe, "w") as f:
                 f.write("probe")  # GFile creates the file at its first write
-            tf.io.gfile.remove(path + ".probe")
+            tf.io.gfile.remove(probe)
             return
-        with open(path + ".probe", "w"):
+        with open(probe, "w"):
             pass
-        os.remove(path + ".probe")
+        os.remove(probe)
     except Exception as error:  # tf.errors.OpError is not an OSError
         raise OSError(f"cannot write the stats file {path}: {error}") from error
 
 
 def _write_json_atomically(path: str, data: dict[str, Any]) -> None:
     """Writes under a temporary name, then renames: a reader never sees half a file."""
-    temporary = path + ".incomplete"
+    temporary = tfrecord_files.temporary_path(path)  # hidden; removed by a later run if left
     text = json.dumps(data, indent=2) + "\n"
     if "://" in path:
         import tensorflow as tf

@@ -24,6 +24,7 @@ already packed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -45,10 +46,12 @@ def list_files(file_patterns: str | Sequence[str]) -> list[str]:
     """Sorted, de-duplicated files matching comma-separated patterns or a list of them.
 
     A writer's hidden temporaries (`tfrecord_files.is_temporary`, which `tf.io.gfile.glob`
-    matches with `dir/*`) are never input.
+    matches with `dir/*`) are never input, nor the stats JSON `create_pretraining_data`
+    writes beside its shards (`dir/train-*` matches `train-00000-of-00004.tfrecord.stats.json`):
+    a log line names those skipped.
 
     Raises:
-        FileNotFoundError: a pattern matches no file.
+        FileNotFoundError: a pattern matches no file (or only stats JSONs).
         ValueError: a file belongs to a shard set whose writer is renaming it into place,
             or was killed while doing so (`tfrecord_files.check_shard_set`).
     """
@@ -60,11 +63,42 @@ def list_files(file_patterns: str | Sequence[str]) -> list[str]:
     files = set()
     for pattern in patterns:
         matched = [f for f in tf.io.gfile.glob(pattern) if not tfrecord_files.is_temporary(f)]
+        # The stats JSONs are skipped here by name rather than renamed where no pattern
+        # reaches them: the directories already written (ours, and `make demo`'s) keep
+        # `<first shard>.stats.json`, which readers of the stats look up beside the shard;
+        # any other file that is not records is refused by `check_record_files`.
+        sidecars = [f for f in matched if tfrecord_files.is_sidecar(f)]
+        if sidecars:
+            logging.info(
+                "input pattern %r: skipped %s (create_pretraining_data's stats, not records)",
+                pattern,
+                ", ".join(sidecars),
+            )
+        matched = [f for f in matched if f not in sidecars]
         if not matched:
-            raise FileNotFoundError(f"input pattern {pattern!r} matches no file")
+            only = " but stats JSONs" if sidecars else ""
+            raise FileNotFoundError(f"input pattern {pattern!r} matches no file{only}")
         files.update(matched)
     tfrecord_files.check_shard_set(sorted(files))
     return sorted(files)
+
+
+def check_record_files(
+    files: Sequence[str], compression: str | None, patterns: str | Sequence[str]
+) -> None:
+    """Refuses a file that does not begin like a TFRecord file before any is read
+    (`tfrecord_files.check_framing`: one small read per file, in parallel for buckets).
+
+    Raises:
+        ValueError: naming the first such file and the patterns that matched it.
+    """
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(tfrecord_files.check_framing, f, compression) for f in files]
+    for future in futures:
+        if future.exception() is not None:
+            raise ValueError(
+                f"{future.exception()}; it matches the input pattern {patterns!r}"
+            ) from future.exception()
 
 
 def process_streams(num_streams: int, process_index: int, process_count: int) -> range:
@@ -358,6 +392,11 @@ def make_pretraining_dataset(
     if shuffle_buffer < 1 or cycle_length < 1:
         raise ValueError(f"shuffle_buffer={shuffle_buffer}, cycle_length={cycle_length}: need >= 1")
     files = list_files(file_patterns)
+    if start_position is None:
+        # At a run's start only: a resume opens no file before its position's group (see
+        # input_streams), its files were checked when the run began, and a file added
+        # since changes num_files, which `_check_position` refuses.
+        check_record_files(files, compression, file_patterns)
     if len(files) < num_streams:
         raise ValueError(
             f"{len(files)} input files for {num_streams} data streams (num_streams; one per "

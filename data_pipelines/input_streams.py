@@ -107,7 +107,8 @@ def record_counts(files: Sequence[str], compression: str | None = None) -> dict[
     """
     counts: dict[str, int] = {}
     for directory in sorted({os.path.dirname(f) for f in files}):
-        for stats_path in sorted(tf.io.gfile.glob(os.path.join(directory, "*.stats.json"))):
+        stats_glob = os.path.join(directory, "*" + tfrecord_files.STATS_SUFFIX)
+        for stats_path in sorted(tf.io.gfile.glob(stats_glob)):
             with tf.io.gfile.GFile(stats_path) as f:
                 stats = json.load(f)
             if "records_per_file" not in stats:

@@ -42,6 +42,7 @@ import logging
 import os
 import re
 import struct
+import zlib
 from collections.abc import Iterable, Sequence
 
 import google_crc32c
@@ -89,12 +90,7 @@ def count_records(path: str) -> int:
     Raises:
         ValueError: the file ends inside a record (truncated).
     """
-    if _is_url(path):
-        import tensorflow as tf
-
-        f, size = tf.io.gfile.GFile(path, "rb"), tf.io.gfile.stat(path).length
-    else:
-        f, size = open(path, "rb"), os.path.getsize(path)
+    f, size = _open_with_size(path)
     count = position = 0
     with f:
         while position < size:
@@ -103,11 +99,58 @@ def count_records(path: str) -> int:
                 break
             # uint64 length, uint32 CRC of it, the data, uint32 CRC of the data.
             position += 8 + 4 + struct.unpack("<Q", header)[0] + 4
+            if position > size:  # not records, or cut short: no seek past the end
+                break
             f.seek(position)
             count += 1
     if position != size:
         raise ValueError(f"{path}: truncated TFRecord file (a record runs past its end)")
     return count
+
+
+def _open_with_size(path: str):
+    if _is_url(path):
+        import tensorflow as tf
+
+        return tf.io.gfile.GFile(path, "rb"), tf.io.gfile.stat(path).length
+    return open(path, "rb"), os.path.getsize(path)
+
+
+def check_framing(path: str, compression: str | None = None) -> None:
+    """Refuses a file that does not begin like a TFRecord file: one read of its first bytes.
+
+    An empty file passes (no records); otherwise the first record's header (its length and
+    that length's CRC) must check out and, uncompressed, the record must fit in the file.
+
+    Args:
+        path: the file.
+        compression: None, "GZIP" or "ZLIB": the first bytes are decompressed first.
+
+    Raises:
+        ValueError: naming `path` and what its first bytes are not.
+    """
+    f, size = _open_with_size(path)
+    with f:
+        head = f.read(12 if not compression else 1 << 16)
+    if size == 0:
+        return
+    kind = "a TFRecord file" if not compression else f"a {compression}-compressed TFRecord file"
+    if compression:
+        try:  # wbits 31: a gzip header; 15: a zlib header
+            head = zlib.decompressobj(31 if compression == "GZIP" else 15).decompress(head, 12)
+        except zlib.error as error:
+            raise ValueError(f"{path}: not {kind} ({error})") from None
+    if len(head) < 12 or struct.pack("<I", masked_crc32c(head[:8])) != head[8:12]:
+        raise ValueError(
+            f"{path}: not {kind} (its first bytes are not a record header: a length and its "
+            f"CRC); give only record files in the pattern"
+        )
+    length = struct.unpack("<Q", head[:8])[0]
+    if not compression and 16 + length > size:
+        raise ValueError(
+            f"{path}: truncated TFRecord file (its first record needs {16 + length} bytes, "
+            f"the file has {size})"
+        )
 
 
 def shard_paths(output: str | Sequence[str], num_shards: int = 1) -> list[str]:
@@ -162,6 +205,15 @@ def is_temporary(path: str) -> bool:
     """Whether `path` is a writer's temporary or journal (never finished output)."""
     name = os.path.basename(path)
     return bool(_TEMPORARY.match(name) or _JOURNAL.match(name))
+
+
+# What `create_pretraining_data` writes beside a set's first shard: `<first shard>.stats.json`.
+STATS_SUFFIX = ".stats.json"
+
+
+def is_sidecar(path: str) -> bool:
+    """Whether `path` is a stats JSON written beside shards (`dir/train-*` matches it)."""
+    return path.endswith(STATS_SUFFIX)
 
 
 def _is_url(path: str) -> bool:
