@@ -108,7 +108,7 @@ def matmul(x: jax.Array, kernel: jax.Array, contract: int, dtype) -> jax.Array:
 
     The backward pass is the one jax derives, with two differences. The incoming gradient
     is cast to `dtype` too, so that both backward products are `dtype` x `dtype` as the
-    forward's: jax would multiply the f32 gradient with the bf16 copy in f32, which a TPU
+    forward's (`product_dtype`: in f32 on a CPU, with the same rounded operands): jax would multiply the f32 gradient with the bf16 copy in f32, which a TPU
     runs as one bf16 pass anyway but a GPU runs as TF32 GEMMs (on an H100, BERT-Large's
     backward spent 61 of 228 ms a step in them, 2026-11-26). And the kernel's gradient
     stays in f32 as the matmul accumulated it: jax would round it to `dtype` (the cast
@@ -134,7 +134,20 @@ def _matmul_forward(x, kernel, contract, dtype):
 
 def _matmul_backward(contract, dtype, saved, g):
     x_c, kernel_c, x_type, kernel_type = saved
-    g = g.astype(dtype)
+def product_dtype(dtype):
+    """The dtype the backward's products multiply in, their operands rounded to `dtype`:
+    `dtype` itself on an accelerator; f32 on XLA:CPU, which has no bf16 x bf16 -> f32 kernel
+    for some of the backward's layouts ("Unsupported element type for DotThunk"). A product
+    of two bf16 values is exact in f32, so both accumulate the same terms."""
+    return jnp.float32 if jax.default_backend() == "cpu" else dtype
+
+
+    compute = product_dtype(dtype)
+    g, x_c, kernel_c = (
+        g.astype(dtype).astype(compute),
+        x_c.astype(compute),
+        kernel_c.astype(compute),
+    )
     lead = x_c.ndim - contract  # the batch-like axes of x, and of g before its F axes
     features = kernel_c.ndim - contract
     # dx: g (..., *F) . kernel (*K, *F) over F -> (..., *K), as jax's own transpose.
@@ -175,7 +188,8 @@ def _einsum_backward(subscripts, dtype, saved, g):
     a_c, b_c, a_type, b_type = saved
     inputs, out = subscripts.split("->")
     a_axes, b_axes = inputs.split(",")
-    g = g.astype(dtype)
+    compute = product_dtype(dtype)
+    g, a_c, b_c = g.astype(dtype).astype(compute), a_c.astype(compute), b_c.astype(compute)
     da = jnp.einsum(f"{out},{b_axes}->{a_axes}", g, b_c, preferred_element_type=jnp.float32)
     db = jnp.einsum(f"{out},{a_axes}->{b_axes}", g, a_c, preferred_element_type=jnp.float32)
     return da.astype(a_type.dtype), db.astype(b_type.dtype)

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 import synthetic_pretraining as synth
+from conftest import FAST_COMPILE  # the suite's compile-time flags, kept beside our own
 from test_resume import _finish, _restore, _run, _start
 
 from bert_jax import checkpointing
@@ -55,7 +56,7 @@ def _env(cache, devices):
         os.environ,
         JAX_PLATFORMS="cpu",
         TF_CPP_MIN_LOG_LEVEL="2",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}",
         JAX_COMPILATION_CACHE_DIR=str(cache),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 import pytest
 import synthetic_pretraining as synth
+from conftest import FAST_COMPILE  # the suite's compile-time flags, kept beside our own
 
 from bert_jax import checkpointing
 
@@ -46,7 +47,7 @@ def env(tmp_path_factory):
         os.environ,
         JAX_PLATFORMS="cpu",
         TF_CPP_MIN_LOG_LEVEL="2",
-        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}",
         JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("xla_cache")),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",

@@ -7,12 +7,14 @@ layout checks, which are what failed or ran slowly on the H100 of 2026-11-26.
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.extend import core as jax_core
 
+from bert_jax import model as model_lib
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
 from bert_jax.model import mixed_einsum
@@ -76,9 +78,12 @@ def dot_operand_dtypes(jaxpr) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("scan_layers", [False, True], ids=["looped", "scanned"])
 @pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
-def test_every_product_of_a_bf16_train_step_is_bf16(scan_layers, packed):
+def test_every_product_of_a_bf16_train_step_is_bf16(monkeypatch, scan_layers, packed):
     """Forward and backward (the dense layers, the attention einsums, the tied MLM decoder):
-    no f32 operand, which a GPU would multiply as a TF32 GEMM at half the bf16 rate."""
+    no f32 operand, which a GPU would multiply as a TF32 GEMM at half the bf16 rate. Traced
+    as for an accelerator (`model.product_dtype`; a CPU multiplies the backward's rounded
+    operands in f32, run below)."""
+    monkeypatch.setattr(model_lib, "product_dtype", lambda dtype: dtype)
     model = BertForPreTraining(CONFIG.replace(dtype="bfloat16", scan_layers=scan_layers))
     ids, mask, types, positions = _inputs()
     packing = _packing(mask) if packed else {}
@@ -93,6 +98,28 @@ def test_every_product_of_a_bf16_train_step_is_bf16(scan_layers, packed):
     layers = 1 if scan_layers else CONFIG.num_hidden_layers
     assert len(dtypes) == 3 * (layers * (6 + 2) + 4)
     assert set(dtypes) == {("bfloat16", "bfloat16")}
+
+
+def test_a_bf16_train_step_runs_on_the_cpu_near_the_f32_one():
+    """XLA:CPU has no bf16 x bf16 -> f32 kernel for some backward layouts (the attention
+    context's): the step must run here, and its gradients stay near the f32 step's."""
+    ids, mask, types, positions = _inputs()
+    grads = {}
+    for dtype in ("float32", "bfloat16"):
+        model = BertForPreTraining(CONFIG.replace(dtype=dtype))
+        variables = model.init(jax.random.key(0), ids, mask, types, positions)
+        loss = _training_loss(model, ids, mask, types, positions)
+        grads[dtype] = jax.jit(jax.grad(loss))(variables)
+    low, full = (nn.meta.unbox(grads[d]) for d in ("bfloat16", "float32"))
+    leaves = jax.tree_util.tree_leaves_with_path(low)
+    overall = max(float(np.abs(g).max()) for g in jax.tree_util.tree_leaves(full))
+    for (path, got), want in zip(leaves, jax.tree_util.tree_leaves(full), strict=True):
+        name = jax.tree_util.keystr(path)
+        error = float(np.abs(np.asarray(got) - np.asarray(want)).max())
+        # The key bias's gradient is zero in exact arithmetic (softmax ignores a per-query
+        # constant): both are rounding noise, small against the gradient's scale.
+        scale = 1e-3 * overall if "['key']['bias']" in name else float(np.abs(want).max())
+        assert np.isfinite(error) and error <= 5e-2 * scale, name
 
 
 @pytest.mark.parametrize(
