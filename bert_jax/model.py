@@ -19,14 +19,16 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig, ConfigError
 
-# TF1's truncated_normal_initializer(stddev) draws from N(0, stddev) cut at 2 stddev, so
-# its samples have a smaller spread; jax's initializer normalises to the requested stddev.
-_TRUNCATED_STD = 0.87962566103423978
-
 
 def weight_init(config: BertConfig, names: tuple[str, ...]):
-    """The original BERT weight init, boxed with logical axis `names`."""
-    init = nn.initializers.truncated_normal(config.initializer_range * _TRUNCATED_STD)
+    """The original BERT weight init, boxed with logical axis `names`.
+
+    `truncated_normal(stddev)` draws N(0, stddev) cut at 2 stddev, exactly as TF1's
+    `truncated_normal_initializer(stddev)` in google-research/bert and /electra: samples
+    have std 0.88 * initializer_range and |w| <= 2 * initializer_range
+    (tests/test_init.py samples TF's own initializer to check it).
+    """
+    init = nn.initializers.truncated_normal(config.initializer_range)
     return nn.with_logical_partitioning(init, names)
 
 
