@@ -64,7 +64,8 @@ class Source:
 
     def read(self, name: str) -> np.ndarray:
         self.taken.add(name)
-        return np.asarray(self._read(name))
+        with _reading(self.location, f"a readable tensor {self.display(name)!r}"):
+            return np.asarray(self._read(name))
 
     def take(self, spec: TensorSpec, shape: tuple[int, ...], dtype) -> np.ndarray:
         """Our parameter for `spec`, of `shape`; names the tensor if it is absent or wrong."""
@@ -112,6 +113,23 @@ def check_vocab(vocab_file: str | None, config: BertConfig) -> None:
         )
 
 
+@contextlib.contextmanager
+def _reading(location: str, expected: str) -> Iterator[None]:
+    """Turns a library's error while reading `location` into a ConversionError naming it and
+    what was expected there: safetensors, TensorFlow's checkpoint reader ("not an sstable")
+    and Orbax name neither the file nor the format they wanted (a BertConfig's errors and
+    `bert_jax.checkpointing`'s name their files already)."""
+    try:
+        yield
+    except ConversionError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure to read: corrupt or foreign file
+        reason = f"{type(error).__name__}: {error}".splitlines()[0]
+        raise ConversionError(
+            f"{location}: expected {expected}; reading it failed: {reason}"
+        ) from error
+
+
 def _found(directory: str, name: str) -> str | None:
     path = os.path.join(directory, name)
     return path if os.path.exists(path) else None
@@ -122,14 +140,16 @@ def _hf_source(directory: str) -> Source:
 
     index = os.path.join(directory, "model.safetensors.index.json")
     if os.path.exists(index):
-        with open(index, encoding="utf-8") as f:
+        expected = "a safetensors index (JSON with a weight_map)"
+        with _reading(index, expected), open(index, encoding="utf-8") as f:
             files = sorted(set(json.load(f)["weight_map"].values()))
     else:
         files = ["model.safetensors"]
     shapes, where = {}, {}
     for fname in files:
         path = os.path.join(directory, fname)
-        with safe_open(path, framework="np") as handle:
+        expected = "a safetensors file (the weights of a Hugging Face directory)"
+        with _reading(path, expected), safe_open(path, framework="np") as handle:
             for key in handle.keys():
                 view = handle.get_slice(key)
                 shapes[key] = tuple(view.get_shape())
@@ -174,7 +194,9 @@ def _hf_source(directory: str) -> Source:
 def _tf_source(prefix: str, config_file: str | None) -> Source:
     import tensorflow as tf  # only this format needs TensorFlow
 
-    reader = tf.train.load_checkpoint(prefix)
+    expected = "a TF checkpoint index (an sstable, as tf.train.Saver writes it)"
+    with _reading(prefix + ".index", expected):
+        reader = tf.train.load_checkpoint(prefix)
     shapes = {k: tuple(v) for k, v in reader.get_variable_to_shape_map().items()}
     if "bert/embeddings/word_embeddings" not in shapes:
         raise ConversionError(
@@ -281,6 +303,11 @@ def detect_format(path: str | os.PathLike) -> str:
       ConversionError: when `path` is none of them.
     """
     path = _given(path)
+    if "://" not in path and not os.path.exists(path) and not os.path.exists(path + ".index"):
+        raise ConversionError(
+            f"{path}: no such path (expected a Hugging Face directory, a Google TF checkpoint, "
+            "a params-only Orbax directory or a pretraining workdir)"
+        )
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, "params", "_CHECKPOINT_METADATA")):
             return "orbax"  # params-only (`save_params`)
@@ -297,6 +324,13 @@ def detect_format(path: str | os.PathLike) -> str:
             )
     if _tf_prefix(path):
         return "tf"
+    # A pretraining workdir (or its checkpoints/) whose run has not saved a checkpoint yet.
+    for directory in (os.path.join(path, "checkpoints"), path.rstrip("/")):
+        if os.path.basename(directory) == "checkpoints" and os.path.isdir(directory):
+            raise ConversionError(
+                f"{path}: no checkpoint saved yet in {directory} (a pretraining run's "
+                "complete checkpoints are numbered step directories there)"
+            )
     raise ConversionError(
         f"{path}: not a Hugging Face directory (config.json + model.safetensors), a Google TF "
         "checkpoint (bert_model.ckpt prefix or its directory), a params-only Orbax directory "
@@ -319,9 +353,11 @@ def open_source(path: str | os.PathLike, config_file: str | None = None) -> Sour
     elif fmt == "tf":
         return _tf_source(_tf_prefix(path), config_file)
     elif fmt == "train_state":
-        source = _train_state_source(path)
+        source = _train_state_source(path)  # an unreadable step: CheckpointError names it
     else:
-        config, params, vocab_file = load_params(path)
+        expected = "a params-only Orbax directory (params/ + config.json, save_params)"
+        with _reading(path, expected):
+            config, params, vocab_file = load_params(path)
         source = _ours_source(path, config, params, vocab_file)
     if config_file:
         source.config = BertConfig.from_json_file(config_file)
