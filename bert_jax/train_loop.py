@@ -373,6 +373,8 @@ def _finish_after(error: BaseException, manager, step: int) -> None:
         checkpointing.finish_saves(manager)
     except checkpointing.CheckpointError as failed:  # the save in flight failed as well
         error.add_note(str(failed))
+    if str(manager.directory) in str(error):  # the non-finite stop's own message names it
+        return
     good = manager.latest_step()
     where = (
         f"the last complete checkpoint is step {good} in {manager.directory}"
