@@ -134,8 +134,6 @@ def _matmul_forward(x, kernel, contract, dtype):
     return y, (x_c, kernel_c, jnp.zeros((), x.dtype), jnp.zeros((), kernel.dtype))
 
 
-def _matmul_backward(contract, dtype, saved, g):
-    x_c, kernel_c, x_type, kernel_type = saved
 def product_dtype(dtype):
     """The dtype the backward's products multiply in, their operands rounded to `dtype`:
     `dtype` itself on an accelerator; f32 on XLA:CPU, which has no bf16 x bf16 -> f32 kernel
@@ -144,6 +142,8 @@ def product_dtype(dtype):
     return jnp.float32 if jax.default_backend() == "cpu" else dtype
 
 
+def _matmul_backward(contract, dtype, saved, g):
+    x_c, kernel_c, x_type, kernel_type = saved
     compute = product_dtype(dtype)
     g, x_c, kernel_c = (
         g.astype(dtype).astype(compute),
