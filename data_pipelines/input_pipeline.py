@@ -277,6 +277,7 @@ def _check_records(spec: PipelineSpec, streams: Sequence[int]) -> None:
     else:
         feature_spec = records.feature_spec(records.UNMASKED, spec.max_seq_length)
         kind = f"unmasked records (max_seq_length={spec.max_seq_length})"
+    short = {}  # stream -> (records, files): fewer records than its share of a batch
     for stream in streams:
         files = spec.stream_files(stream)
         count = 0
@@ -294,10 +295,18 @@ def _check_records(spec: PipelineSpec, streams: Sequence[int]) -> None:
             if count >= spec.stream_batch:
                 break
         else:
-            raise ValueError(
-                f"stream {stream} of {spec.num_streams} has {count} records in {len(files)} "
-                f"files, fewer than its share of a batch ({spec.stream_batch}): {list(files)}"
-            )
+            short[stream] = (count, files)
+    if short:
+        stream, (count, files) = min(short.items(), key=lambda item: item[1][0])
+        fits = count * spec.num_streams  # the largest batch every short stream fills
+        advice = f"set --config.global_batch_size to at most {fits}" if fits else "use other files"
+        raise ValueError(
+            f"--config.global_batch_size={spec.stream_batch * spec.num_streams} takes "
+            f"{spec.stream_batch} records per batch from each of the {spec.num_streams} data "
+            f"streams, but stream {stream} has {count} records in its {len(files)} files, "
+            f"fewer than its share of a batch ({spec.stream_batch}): {advice} (a multiple of "
+            f"{spec.num_streams}), or write more records: {list(files)}"
+        )
 
 
 def make_pretraining_dataset(
@@ -366,8 +375,9 @@ def make_pretraining_dataset(
     streams = process_streams(num_streams, process_index, process_count)
     if global_batch_size < 1 or global_batch_size % num_streams:
         raise ValueError(
-            f"global_batch_size {global_batch_size} is not a positive multiple of the "
-            f"{num_streams} data streams (num_streams; one per process by default)"
+            f"--config.global_batch_size {global_batch_size} is not a positive multiple of the "
+            f"{num_streams} data streams (--config.data.num_streams; one per process by "
+            f"default): use a multiple of {num_streams}"
         )
     if next_token_targets:
         if not dynamic_masking or masking_config is not None:
@@ -399,8 +409,8 @@ def make_pretraining_dataset(
         check_record_files(files, compression, file_patterns)
     if len(files) < num_streams:
         raise ValueError(
-            f"{len(files)} input files for {num_streams} data streams (num_streams; one per "
-            f"process by default): every stream needs at least one file; write at least "
+            f"{len(files)} input files for {num_streams} data streams (--config.data.num_streams;"
+            f" one per process by default): every stream needs at least one file; write at least "
             f"{num_streams} shards"
         )
     spec = PipelineSpec(

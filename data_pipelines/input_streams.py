@@ -21,6 +21,9 @@ group's files by their consumed prefixes (`skip_records`; read raw, not parsed);
 window is read and shuffled again. The work is at most one group and one window wherever in
 the epoch the position is.
 
+A damaged record (tf.data's `DataLossError`, which names only a byte offset) is raised as
+`DamagedRecordError`, naming the file and the record (`damaged_record_error`).
+
 Static mode reads masked records (`records.MASKED`: ours or the original BERT tool's);
 dynamic mode reads unmasked records (`records.UNMASKED`) and makes the targets: masks, or
 with `next_token_targets` (the "ltr" objective, a left-to-right LM) the next token of every
@@ -32,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -329,10 +333,61 @@ def build_stream(
     return first.concatenate(later).prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
+class DamagedRecordError(tf.errors.DataLossError):
+    """tf.data's DataLossError ("truncated record at 47107") with the file that holds the
+    damaged record, and the record where it is known; `path` is that file (None when none
+    of the stream's files could be named)."""
+
+    def __init__(self, message: str, path: str | None):
+        super().__init__(None, None, message)
+        self.path = path
+
+
+def damaged_record_error(
+    spec: PipelineSpec, stream: int, error: tf.errors.DataLossError
+) -> DamagedRecordError:
+    """The file (and record) of `stream` that tf.data's `error` comes from.
+
+    tf.data names only a byte offset, of any file of an interleaved group: each of the
+    stream's files is checked at that offset (`tfrecord_files.find_damage`: the framing up
+    to it; compressed files, whose offsets are of the decompressed bytes, are read).
+    """
+    reported = error.message.split("}}")[-1].split("[Op:")[0].strip()
+    match = re.search(r"(?:truncated|corrupted) record at (\d+)", reported)
+    for path in spec.stream_files(stream) if match else ():
+        found = _damage_in(spec, path, int(match.group(1)), match.group(0))
+        if found:
+            return DamagedRecordError(f"{path}: {found} (tf.data: {reported})", path)
+    files = spec.stream_files(stream)
+    named = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    checked = "; none of them is damaged there now (changed since?)" if match else ""
+    return DamagedRecordError(
+        f"a damaged record in one of stream {stream}'s files {named} (tf.data: {reported})"
+        f"{checked}",
+        None,
+    )
+
+
+def _damage_in(spec: PipelineSpec, path: str, offset: int, reported: str) -> str | None:
+    if not spec.compression:
+        return tfrecord_files.find_damage(path, offset)
+    try:  # read whole: the only way to the decompressed bytes at `offset`
+        dataset = tf.data.TFRecordDataset(path, compression_type=spec.compression)
+        dataset.reduce(np.int64(0), lambda n, _: n + 1)
+    except tf.errors.DataLossError as error:
+        if re.search(re.escape(reported) + r"\b", error.message):
+            return f"the record at byte {offset} of its decompressed bytes is damaged"
+    return None
+
+
 class StreamIterator:
-    """One stream's numpy batches (`stream_batch` rows), knowing its position."""
+    """One stream's numpy batches (`stream_batch` rows), knowing its position.
+
+    Raises `DamagedRecordError`, naming the file, where tf.data meets a damaged record.
+    """
 
     def __init__(self, spec: PipelineSpec, stream: int, position: dict[str, Any], counts=None):
+        self.spec = spec
         self.stream = stream
         self._position = {k: int(position[k]) for k in ("epoch", "batch_in_epoch")}
         self.dataset = build_stream(spec, stream, self._position, counts)
@@ -342,7 +397,10 @@ class StreamIterator:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        batch = next(self._batches)
+        try:
+            batch = next(self._batches)
+        except tf.errors.DataLossError as error:
+            raise damaged_record_error(self.spec, self.stream, error) from error
         epoch = int(batch.pop(_EPOCH_KEY))
         index = int(batch.pop(_BATCH_KEY))
         self._position = {"epoch": epoch, "batch_in_epoch": index + 1}

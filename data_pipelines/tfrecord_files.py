@@ -153,6 +153,45 @@ def check_framing(path: str, compression: str | None = None) -> None:
         )
 
 
+def find_damage(path: str, offset: int) -> str | None:
+    """Which record of the uncompressed TFRecord file `path` is damaged at `offset`, or None.
+
+    tf.data's `DataLossError` names only a byte offset ("truncated record at 47107",
+    "corrupted record at 2413"): the record's start when its header is damaged or the file
+    ends inside it, its data's start (12 bytes on) when the data's CRC fails. The file's
+    framing is walked up to `offset` (lengths only), and the record there checked.
+
+    Returns:
+        "record N (byte B): what is wrong with it", or None when no record of `path` starting
+        at `offset` or `offset - 12` is damaged.
+    """
+    f, size = _open_with_size(path)
+    index = position = 0
+    with f:
+        while position <= offset and position < size:
+            f.seek(position)
+            header = f.read(12)
+            where = f"record {index} (byte {position})"
+            if len(header) < 12:  # the file ends inside a header: the last record
+                truncated = position == offset
+                return f"{where} is truncated: the file ends in its header" if truncated else None
+            length = struct.unpack("<Q", header[:8])[0]
+            if position in (offset, offset - 12):
+                if struct.pack("<I", masked_crc32c(header[:8])) != header[8:]:
+                    return f"{where} is corrupted: its length's CRC does not match"
+                if position + 16 + length > size:
+                    return (
+                        f"{where} is truncated: it needs {16 + length} bytes, the file ends "
+                        f"{size - position} bytes after its start"
+                    )
+                data = f.read(length + 4)
+                if struct.pack("<I", masked_crc32c(data[:length])) != data[length:]:
+                    return f"{where} is corrupted: its data's CRC does not match"
+            position += 16 + length
+            index += 1
+    return None
+
+
 def shard_paths(output: str | Sequence[str], num_shards: int = 1) -> list[str]:
     """The output paths for `output`.
 
