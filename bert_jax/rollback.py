@@ -2,8 +2,10 @@
 
 Off by default (`config.rollback.enabled`). With it on, every step's metrics are checked when
 the loop fetches them from the device (`bert_jax.train_loop`, every `log_every` steps and before
-each checkpoint): a non-finite health metric, or a loss above `spike_factor` times the median
-of the last `median_window` step losses, is a spike. The run then restores its newest
+each checkpoint): a non-finite health metric, a param or update norm that jumped by orders of
+magnitude (`bert_jax.train_state.StepHealth`: a loss may still be finite after it, the state
+no longer resumable), or a loss above `spike_factor` times the median of the last
+`median_window` step losses, is a spike. The run then restores its newest
 checkpoint (each is saved only after such a check, so each is good), skips the next
 `skip_batches` batches of the data stream from that checkpoint's position and goes on: the
 step count continues from the restored step, and the steps done again get the same dropout
@@ -22,7 +24,8 @@ import numpy as np
 
 
 class LossSpike(FloatingPointError):
-    """A step whose metrics call for a rollback: non-finite, or a loss far above the median."""
+    """A step whose metrics call for a rollback: non-finite, a norm that jumped, or a loss far
+    above the median."""
 
     def __init__(self, step: int, loss: float, reason: str):
         super().__init__(f"{reason} at step {step}")

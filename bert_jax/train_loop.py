@@ -30,7 +30,7 @@ from tqdm import tqdm
 from bert_jax import checkpointing, electra, pretraining_input, rollback, sharding, telemetry, train
 from bert_jax.config import MISSING, ConfigError, ModelChangeError, model_changes
 from bert_jax.heads import BertForPreTraining
-from bert_jax.train_state import nonfinite, run_keys, sharded_state
+from bert_jax.train_state import StepHealth, run_keys, sharded_state
 
 
 def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng):
@@ -261,6 +261,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     flops = train.flops_per_step(config, cfg)
     peak = telemetry.peak_flops_per_device(cfg.dtype) * jax.device_count()
     guard = config.get("rollback")  # configs older than the block: none
+    health = StepHealth()  # non-finite metrics, and param or update norms that jump
     spikes = history = None
     if guard is not None and guard.enabled:
         spikes = rollback.SpikeDetector(guard.spike_factor, guard.median_window)
@@ -319,10 +320,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 stopping = watcher.should_stop(step)
                 checkpoint_now = step % config.checkpoint_every == 0 or step == stop or stopping
                 if step % config.log_every == 0 or checkpoint_now:
-                    # Checked before any save, so a checkpoint never holds a non-finite state.
+                    # Checked before any save, so a checkpoint never holds an unhealthy state.
                     try:
                         last = _flush(
-                            pending, writer, timer, step, flops, peak, config, manager, spikes
+                            pending,
+                            writer,
+                            timer,
+                            step,
+                            flops,
+                            peak,
+                            config,
+                            manager,
+                            health,
+                            spikes,
                         )
                     except rollback.LossSpike as spike:  # raised with config.rollback only
                         state = None  # the diverged state: freed before the restore allocates
@@ -387,19 +397,21 @@ def _finish_after(error: BaseException, manager, step: int) -> None:
 
 
 def _flush(
-    pending, writer, timer, step, flops, peak, config, manager, spikes=None
+    pending, writer, timer, step, flops, peak, config, manager, health, spikes=None
 ) -> dict[str, float]:
-    """Fetches the pending metrics, stops on a non-finite loss, writes the averages.
+    """Fetches the pending metrics, stops on an unhealthy step (`health`, a
+    `train_state.StepHealth`: a non-finite metric, a param or update norm that jumped),
+    writes the averages.
 
-    With `spikes` (a `rollback.SpikeDetector`: `config.rollback.enabled`) the first step with
-    a non-finite metric or a loss spike raises `rollback.LossSpike` instead, and nothing of
-    these steps is written: the loop rolls back and does them again.
+    With `spikes` (a `rollback.SpikeDetector`: `config.rollback.enabled`) the first unhealthy
+    step or loss spike raises `rollback.LossSpike` instead, and nothing of these steps is
+    written: the loop rolls back and does them again.
     """
     fetched = jax.device_get([m for _, m in pending])
     for (s, _), m in zip(pending, fetched, strict=True):
-        bad = nonfinite(m)
+        bad = health.check(m)
         if spikes is not None:
-            reason = f"non-finite {bad}" if bad else spikes.check(float(m["loss"]))
+            reason = bad or spikes.check(float(m["loss"]))
             if reason:
                 raise rollback.LossSpike(s, float(m["loss"]), reason)
         elif bad:
@@ -410,7 +422,7 @@ def _flush(
                 if good is not None
                 else f"no checkpoint was saved yet in {manager.directory}"
             )
-            raise FloatingPointError(f"non-finite {bad} at step {s}; {where}")
+            raise FloatingPointError(f"{bad} at step {s}; {where}")
     elapsed = time.perf_counter() - timer[0]
     steps = step - timer[1]
     averaged = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[-1]}

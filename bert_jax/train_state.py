@@ -9,11 +9,13 @@ ahead-of-time check compiles.
 
 Each job writes only its loss; `make_step` turns it into the pure train step
 `(state, batch, rng, *args) -> (state, metrics)` with the same update, the same health
-metrics and so the same non-finite checks (`nonfinite`) everywhere.
+metrics and so the same non-finite checks (`nonfinite`) everywhere; the pretraining loop also
+stops at a param or update norm that jumps by orders of magnitude (`StepHealth`).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -214,9 +216,58 @@ def make_step(
 
 # A finite loss can hide NaN params (e.g. Adam's 0/0 on a never-used weight).
 HEALTH_KEYS = ("loss", "grad_norm", "param_norm")
+# Norms that no healthy step multiplies by orders of magnitude: a diverging learning rate
+# first shows there (a tiny BERT's param norm 43 -> 1e6 in one step at lr 1e3) while the loss
+# is still finite, and a state saved after such a jump goes non-finite when resumed even at a
+# sane rate. The gradient norm is not among them: a loss spike may legitimately multiply it.
+NORM_KEYS = ("param_norm", "update_norm")
+# "Many orders of magnitude": 1000x the running median. Warmup's update norms grow by the
+# learning rate's ratio between steps (2x at most after its first), a run's param norm a few
+# times over all of training.
+NORM_JUMP = 1e3
+NORM_WINDOW = 20  # steps in each norm's running median
 
 
 def nonfinite(metrics: dict) -> str:
     """'loss nan, grad_norm inf' for the health metrics of one step that are not finite;
     '' when all are."""
     return ", ".join(f"{k} {metrics[k]}" for k in HEALTH_KEYS if not np.isfinite(metrics[k]))
+
+
+class StepHealth:
+    """The pretraining loop's check of each step's metrics, in step order: non-finite health
+    metrics (`nonfinite`), or a param or update norm above `NORM_JUMP` times its median over
+    the last `NORM_WINDOW` healthy steps. Either stops the run (or rolls it back,
+    `bert_jax.rollback`) before a checkpoint holds such a state."""
+
+    def __init__(self, jump: float = NORM_JUMP, window: int = NORM_WINDOW):
+        self.jump = jump
+        self._norms = {k: collections.deque(maxlen=window) for k in NORM_KEYS}
+
+    def check(self, metrics: dict) -> str:
+        """Why the step with `metrics` is unhealthy ('non-finite loss nan', 'param_norm 1.1e+06
+        above 1000 x 42.7, the median of the last 1 steps'), '' if it is healthy (its norms then
+        join the medians).
+
+        An update norm of 0 (a warmup's first step at rate 0, a gradient-accumulation
+        micro-step) is no update: it neither joins the median nor is judged against it.
+        """
+        bad = nonfinite(metrics)
+        if bad:
+            return f"non-finite {bad}"
+        values = {k: float(metrics[k]) for k in NORM_KEYS if k in metrics}
+        jumps = []
+        for key, value in values.items():
+            window = self._norms[key]
+            median = float(np.median(window)) if window else 0.0
+            if window and value > self.jump * median:
+                jumps.append(
+                    f"{key} {value:.4g} above {self.jump:g} x {median:.4g}, the median of the "
+                    f"last {len(window)} steps"
+                )
+        if jumps:
+            return "; ".join(jumps)
+        for key, value in values.items():
+            if value > 0:
+                self._norms[key].append(value)
+        return ""
