@@ -46,6 +46,8 @@ import dataclasses
 import json
 import logging
 import os
+import signal
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -374,11 +376,34 @@ def _define_flags() -> None:
     flags.DEFINE_string("tfds_text_key", defaults.tfds_text_key, "Text feature of tfds: inputs.")
 
 
+class _Terminated(BaseException):
+    """SIGTERM arrived; a BaseException like KeyboardInterrupt, so no `except Exception`
+    swallows it on the way out."""
+
+
+def _unwind_on_sigterm() -> None:
+    """Makes SIGTERM (a preempted VM's notice, `kill`) unwind the run as Ctrl-C does: the
+    shard writer's `with` block then removes its temporaries (by default SIGTERM ends the
+    process at once, leaving them; a later run removes them, but it may never come)."""
+    main_pid = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != main_pid:  # a forked worker: end as SIGTERM's default would
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        signal.signal(signum, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup
+        raise _Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str]) -> None:
     """Entry point: flags to `Options`, then `create_pretraining_data`."""
     del argv
     from absl import flags
 
+    _unwind_on_sigterm()
     f = flags.FLAGS
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     options = Options(
@@ -412,6 +437,12 @@ def main(argv: list[str]) -> None:
     except corpora.UndecodableInputError as error:
         # Not a bug to trace: one line naming the file (no output was written).
         raise SystemExit(f"create_pretraining_data: {error}") from None
+    except _Terminated:
+        sys.stderr.write(
+            f"create_pretraining_data: stopped by SIGTERM before it finished; its temporary "
+            f"files are removed ({options.output_file})\n"
+        )
+        sys.exit(128 + signal.SIGTERM)  # the shell's code for a process SIGTERM ended
     print(json.dumps({k: stats[k] for k in ("documents", "instances", "nsp", "masking")}))
 
 
