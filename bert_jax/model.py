@@ -110,9 +110,10 @@ def matmul(x: jax.Array, kernel: jax.Array, contract: int, dtype) -> jax.Array:
 
     The backward pass is the one jax derives, with two differences. The incoming gradient
     is cast to `dtype` too, so that both backward products are `dtype` x `dtype` as the
-    forward's (`product_dtype`: in f32 on a CPU, with the same rounded operands): jax would multiply the f32 gradient with the bf16 copy in f32, which a TPU
-    runs as one bf16 pass anyway but a GPU runs as TF32 GEMMs (on an H100, BERT-Large's
-    backward spent 61 of 228 ms a step in them, 2026-11-26). And the kernel's gradient
+    forward's (`product_dtype`: in f32 on a CPU, with the same rounded operands): jax
+    would multiply the f32 gradient with the bf16 copy in f32, which a TPU runs as one bf16
+    pass anyway but a GPU runs as TF32 GEMMs (on an H100, BERT-Large's backward spent 61 of
+    228 ms a step in them, 2026-11-26). And the kernel's gradient
     stays in f32 as the matmul accumulated it: jax would round it to `dtype` (the cast
     copy's type) and back, and XLA then sums the gradients over the devices in bf16 before
     converting (the TPU compiler did so for every BERT-Large kernel). Here the cross-device
