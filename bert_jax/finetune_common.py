@@ -67,21 +67,31 @@ def load_model(
     Returns:
         (module with the final config, config, params as numpy/jax arrays, vocab file or None).
     """
+    module, config, params, vocab_file, _ = _load_model(
+        module, init_from, from_scratch, bert_config_file, rng, config_overrides
+    )
+    return module, config, params, vocab_file
+
+
+def _load_model(module, init_from, from_scratch, bert_config_file, rng, config_overrides):
+    """`load_model`, and the pretraining checkpoint step `init_from` gave (None for other
+    formats): a workdir whose newest checkpoint does not read gives an older one."""
     if rng is None:
         rng, _ = train_state.run_keys(0)
-    config, params, vocab_file = convert.load_pretrained(
-        init_from, model=module, rng=rng, config_file=bert_config_file
-    )
+    source = convert.open_source(init_from, bert_config_file)
+    config, params, vocab_file = convert.load_source(source, model=module, rng=rng)
+    step = "" if source.step is None else f" step {source.step}"
     config = config.replace(**config_overrides)
     module = module.clone(config=config)
     if from_scratch:
         del params
         ids = jnp.zeros((1, 2), jnp.int32)
         params = jax.jit(lambda r: nn.unbox(module.init(r, ids, ids, ids)["params"]))(rng)
-        log.info("Initialised every weight from scratch (config and vocab from %s)", init_from)
+        log.info("Initialised every weight from scratch (config and vocab from %s%s)",
+                 init_from, step)  # fmt: skip
     else:
-        log.info("Encoder from %s; head initialised fresh", init_from)
-    return module, config, params, vocab_file
+        log.info("Encoder from %s%s; head initialised fresh", init_from, step)
+    return module, config, params, vocab_file, source.step
 
 
 class TaskModel(NamedTuple):
@@ -92,6 +102,10 @@ class TaskModel(NamedTuple):
     params: Any  # encoder from `init_from`, head fresh (every weight fresh from scratch)
     tokenizer: Any  # `data_pipelines.tokenization.load_tokenizer` of `vocab_file`
     vocab_file: str
+    # The pretraining checkpoint step the encoder (or, from scratch, the config) came from,
+    # recorded beside `init_from`: a workdir whose newest checkpoint does not read gives an
+    # older one. None where `init_from` is no train state (HF, TF, params-only Orbax).
+    init_step: int | None = None
 
 
 def load_task_model(config: ml_collections.ConfigDict, module: nn.Module) -> TaskModel:
@@ -108,13 +122,13 @@ def load_task_model(config: ml_collections.ConfigDict, module: nn.Module) -> Tas
     from data_pipelines.tokenization import load_tokenizer
 
     overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
-    module, bert_config, params, found_vocab = load_model(
+    module, bert_config, params, found_vocab, init_step = _load_model(
         module,
         config.init_from,
-        from_scratch=config.from_scratch,
-        bert_config_file=config.bert_config_file or None,
-        rng=run_keys(config)[0],
-        **overrides,
+        config.from_scratch,
+        config.bert_config_file or None,
+        run_keys(config)[0],
+        overrides,
     )
     vocab_file = config.vocab_file or found_vocab
     if not vocab_file:
@@ -123,7 +137,7 @@ def load_task_model(config: ml_collections.ConfigDict, module: nn.Module) -> Tas
     if tokenizer.vocab_size > bert_config.vocab_size:
         raise ValueError(f"{vocab_file} has {tokenizer.vocab_size} tokens > the model's "
                          f"vocab_size {bert_config.vocab_size}")  # fmt: skip
-    return TaskModel(module, bert_config, params, tokenizer, vocab_file)
+    return TaskModel(module, bert_config, params, tokenizer, vocab_file, init_step)
 
 
 OPTIMIZERS = ("adamw", "adamw_bias_corrected")  # a fine-tuning config's `optimizer`

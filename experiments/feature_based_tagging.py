@@ -81,7 +81,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     os.makedirs(workdir, exist_ok=True)
     feature_based.check_combination(config.layers)  # an unknown name fails before loading
     task = ftt.load_task(config)
-    encoder, bert_config, encoder_params, tokenizer, _ = common.load_task_model(
+    encoder, bert_config, encoder_params, tokenizer, _, init_step = common.load_task_model(
         config, BertModel(BertConfig(), add_pooling_layer=False)
     )
     feature_based.check_combination(config.layers, bert_config.num_hidden_layers)
@@ -144,7 +144,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
         return {"scalar_mix": mix} if mix else {}
 
     num_params = sum(x.size for x in jax.tree.leaves(run.state.params))
-    results = ftt.describe(task, features, config) | {
+    results = ftt.describe(task, features, config, init_step) | {
         "from_scratch": config.from_scratch,
         "layers": config.layers,
         "encoder": {

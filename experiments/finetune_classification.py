@@ -157,7 +157,7 @@ def finetune(
         chosen = np.random.default_rng(config.seed).permutation(len(train))
         task.splits["train"] = [train[i] for i in np.sort(chosen[: config.max_train_examples])]
     num_outputs = 1 if task.labels is None else len(task.labels)
-    model, bert_config, params, tokenizer, vocab_file = common.load_task_model(
+    model, bert_config, params, tokenizer, vocab_file, init_step = common.load_task_model(
         config, BertForSequenceClassification(BertConfig(), num_outputs, pooling=config.pooling)
     )
     _, dropout_rng = common.run_keys(config)
@@ -193,6 +193,7 @@ def finetune(
     results = {
         "task": task.name,
         "init_from": config.init_from,
+        "init_step": init_step,  # of a pretraining workdir: the checkpoint it read
         "from_scratch": config.from_scratch,
         "num_examples": {s: len(f) for s, f in features.items()},
         "num_truncated": {s: f.num_truncated for s, f in features.items()},
@@ -245,7 +246,8 @@ def finetune(
     meta = {"task": config.task, "labels": task.labels, "num_outputs": num_outputs,
             "pooling": config.pooling, "do_lower_case": config.do_lower_case,
             "max_seq_length": config.max_seq_length,
-            "init_from": config.init_from, "data_dir": config.data_dir}  # fmt: skip
+            "init_from": config.init_from, "init_step": init_step,
+            "data_dir": config.data_dir}  # fmt: skip
     common.save_finetuned(os.path.join(workdir, "checkpoint"), bert_config, state.params,
                           vocab_file=vocab_file, metadata=meta)  # fmt: skip
     results["wall_time_s"] = time.time() - start_time

@@ -105,7 +105,7 @@ def finetune(
         train = task.splits["train"]
         chosen = np.random.default_rng(config.seed).permutation(len(train))
         task.splits["train"] = [train[i] for i in np.sort(chosen[: config.max_train_examples])]
-    model, bert_config, params, tokenizer, vocab_file = common.load_task_model(
+    model, bert_config, params, tokenizer, vocab_file, init_step = common.load_task_model(
         config, BertForMultipleChoice(BertConfig())
     )
     _, dropout_rng = common.run_keys(config)
@@ -127,6 +127,7 @@ def finetune(
     results = {
         "task": task.name,
         "init_from": config.init_from,
+        "init_step": init_step,  # of a pretraining workdir: the checkpoint it read
         "from_scratch": config.from_scratch,
         "num_choices": task.num_choices,
         "chance_accuracy": 1 / task.num_choices,
@@ -167,7 +168,7 @@ def finetune(
                           logits[split])  # fmt: skip
     meta = {"task": config.task, "num_choices": task.num_choices,
             "do_lower_case": config.do_lower_case, "max_seq_length": config.max_seq_length,
-            "init_from": config.init_from}  # fmt: skip
+            "init_from": config.init_from, "init_step": init_step}  # fmt: skip
     common.save_finetuned(os.path.join(workdir, "checkpoint"), bert_config, state.params,
                           vocab_file=vocab_file, metadata=meta)  # fmt: skip
     results["wall_time_s"] = time.time() - start_time

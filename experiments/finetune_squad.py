@@ -109,7 +109,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     eval_examples = read(config.predict_file, False)
     if config.max_train_examples:
         train_examples = train_examples[: config.max_train_examples]
-    model, _, params, tokenizer, _ = common.load_task_model(
+    model, _, params, tokenizer, _, init_step = common.load_task_model(
         config, BertForQuestionAnswering(BertConfig())
     )
     _, dropout_rng = common.run_keys(config)
@@ -148,6 +148,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     results = {
         "version": config.version,
         "init_from": config.init_from,
+        "init_step": init_step,  # of a pretraining workdir: the checkpoint it read
         "num_examples": {"train": len(train_examples), "eval": len(eval_examples)},
         "num_windows": {"train": len(train), "eval": len(evaluation)},
         "num_split_over_windows": {"train": train.num_split, "eval": evaluation.num_split},

@@ -117,11 +117,15 @@ def score(task: TaggingTask, split: str, features: TaggingFeatures, predicted: n
     return scoring.entity_scores(gold, tags), tags
 
 
-def describe(task: TaggingTask, features: dict[str, TaggingFeatures], config) -> dict:
-    """What metrics.json says of the data."""
+def describe(
+    task: TaggingTask, features: dict[str, TaggingFeatures], config, init_step: int | None
+) -> dict:
+    """What metrics.json says of the data and of the encoder's checkpoint (`init_step`: the
+    pretraining checkpoint step `init_from` gave, `finetune_common.TaskModel`)."""
     return {
         "task": task.name,
         "init_from": config.init_from,
+        "init_step": init_step,
         "tags": list(task.tags),
         "num_examples": {s: len(f) for s, f in features.items()},
         "num_truncated": {s: f.num_truncated for s, f in features.items()},
@@ -187,7 +191,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     start_time = time.time()
     os.makedirs(workdir, exist_ok=True)
     task = load_task(config)
-    model, _, params, tokenizer, _ = common.load_task_model(
+    model, _, params, tokenizer, _, init_step = common.load_task_model(
         config, BertForTokenClassification(BertConfig(), len(task.tags))
     )
     _, dropout_rng = common.run_keys(config)
@@ -215,7 +219,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
                             f"eval {split}")  # fmt: skip
         return score(task, split, features[split], predicted)
 
-    results = describe(task, features, config) | {
+    results = describe(task, features, config, init_step) | {
         "from_scratch": config.from_scratch,
         "num_train_steps": num_steps,
     }

@@ -21,12 +21,12 @@ Usage:
 
 The package: `names` (the one table naming every parameter in our, HF and Google layouts),
 `readers` (the formats on disk, read as a `Source`, and params-only Orbax), `load`
-(`load_pretrained`: a Source into one of our models) and `export` (HF safetensors);
+(`load_pretrained`, `load_source`: a Source into one of our models) and `export` (HF safetensors);
 `python -m bert_jax.convert` is the command line (`__main__`).
 """
 
 from bert_jax.convert.export import save_hf, to_hf_state_dict
-from bert_jax.convert.load import load_pretrained
+from bert_jax.convert.load import load_pretrained, load_source
 from bert_jax.convert.names import ConversionError, stack_layers, unstack_layers
 from bert_jax.convert.readers import (
     check_vocab,
@@ -43,6 +43,7 @@ __all__ = [
     "detect_format",
     "load_params",
     "load_pretrained",
+    "load_source",
     "open_source",
     "save_hf",
     "save_params",

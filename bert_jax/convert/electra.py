@@ -186,7 +186,7 @@ def read_electra_train_state(
         path = os.path.abspath(path)
     if detect_format(path) != "train_state":
         return None
-    config, params, experiment, vocab_file = read_train_state(path)
+    config, params, experiment, vocab_file, _ = read_train_state(path)
     if experiment.get("objective") != "electra":
         return None
     return config, electra.experiment_generator(experiment, config), params, vocab_file

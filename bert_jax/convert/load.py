@@ -153,7 +153,18 @@ def load_pretrained(
     Raises:
       ConversionError: naming the tensor and both shapes when the source does not fit.
     """
-    source = open_source(path, config_file)
+    return load_source(open_source(path, config_file), config, model=model, rng=rng)
+
+
+def load_source(
+    source: Source,
+    config: BertConfig | None = None,
+    *,
+    model: str | nn.Module = "pretraining",
+    rng: jax.Array | None = None,
+) -> tuple[BertConfig, Params, str | None]:
+    """`load_pretrained` of a source already open (`open_source`): what reads it can also
+    ask the source which checkpoint step it held (`Source.step`)."""
     if config is None:
         if source.config is None:
             raise ConversionError(f"{source.location}: no config file found; pass a config")

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import glob
 import json
+import logging
 import os
 import re
 import shutil
@@ -32,6 +33,8 @@ from bert_jax.convert.names import (
     flatten,
     with_layout,
 )
+
+log = logging.getLogger(__name__)
 
 
 class Source:
@@ -54,6 +57,7 @@ class Source:
         self._read = read
         self.config = config
         self.vocab_file = vocab_file
+        self.step: int | None = None  # of a pretraining train state: the checkpoint step read
         self.taken: set[str] = set()
 
     def name(self, spec: TensorSpec) -> str:
@@ -229,9 +233,10 @@ def _ours_source(
     return Source(location, "ours", shapes, tensors.__getitem__, config, vocab_file)
 
 
-def read_train_state(path: str) -> tuple[BertConfig, Params, dict, str | None]:
-    """(model config, params, saved experiment config, vocab file or None) of the newest
-    `bert_jax.checkpointing` train state under `path` (never its optimizer state).
+def read_train_state(path: str) -> tuple[BertConfig, Params, dict, str | None, int]:
+    """(model config, params, saved experiment config, vocab file or None, step) of the train
+    state `path` names (`checkpointing.find_checkpoints`: a step directory, else the newest
+    whose params read), never its optimizer state.
 
     The config is the one the experiment config saved beside the state describes (its
     `objective` too: an "ltr" run's model is causal, and fine-tunes causal); a vocab_size
@@ -242,7 +247,7 @@ def read_train_state(path: str) -> tuple[BertConfig, Params, dict, str | None]:
     from bert_jax import checkpointing
 
     directory, step = checkpointing.find_checkpoints(path)
-    params, experiment = checkpointing.restore_params(directory, step=step)
+    params, experiment, step = _readable_params(directory, step)
     model = {k: v for k, v in (experiment.get("model") or {}).items() if k in _MODEL_KEYS}
     if "preset" not in model:
         raise ConversionError(f"{directory}: no model.preset in the saved experiment config")
@@ -252,17 +257,47 @@ def read_train_state(path: str) -> tuple[BertConfig, Params, dict, str | None]:
     vocab_file = (experiment.get("data") or {}).get("vocab_file")
     if not (vocab_file and vocab_file.endswith(".txt") and os.path.exists(vocab_file)):
         vocab_file = None
-    return config, params, experiment, vocab_file
+    return config, params, experiment, vocab_file, step
+
+
+def _readable_params(directory: str, step: int | None) -> tuple[Params, dict, int]:
+    """(params, saved experiment config, step) of checkpoint `step` in `directory`, by default
+    of the newest whose params read (each newer one named in a warning), with the step: a
+    run that starts from an older checkpoint than the user may think says which."""
+    from bert_jax import checkpointing
+
+    if step is not None:
+        return (*checkpointing.restore_params(directory, step=step), step)
+    manager = checkpointing.make_manager(directory, async_save=False, create=False)
+    unreadable = []
+    for candidate in sorted(manager.all_steps(), reverse=True):
+        try:
+            params, experiment = checkpointing.restore_params(directory, step=candidate)
+        except checkpointing.CheckpointError as error:  # names the step, path and reason
+            log.warning("%s", error)
+            unreadable.append(str(error))
+            continue
+        if unreadable:
+            log.warning(
+                "read step %d in %s, the newest readable checkpoint (%d newer unreadable)",
+                candidate,
+                directory,
+                len(unreadable),
+            )
+        return params, experiment, candidate
+    raise ConversionError(f"{directory}: no readable checkpoint: {'; '.join(unreadable)}")
 
 
 def _train_state_source(path: str) -> Source:
     """The params of a pretraining train state (`read_train_state`) as a Source. Of an
     "electra" run's, the discriminator's encoder alone: what fine-tuning and BERT's formats
     take (its generator and RTD head export with `bert_jax.convert.electra`)."""
-    config, params, experiment, vocab_file = read_train_state(path)
+    config, params, experiment, vocab_file, step = read_train_state(path)
     if experiment.get("objective") == "electra":
         params = {"bert": params["bert"]}
-    return _ours_source(path, config, params, vocab_file)
+    source = _ours_source(path, config, params, vocab_file)
+    source.step = step
+    return source
 
 
 # An experiment's `model` block: a preset and BertConfig fields (others, from older
