@@ -13,17 +13,20 @@ What is the same as `experiments.pretrain` (`bert_jax.train`): the architecture 
 `BertConfig` from `config.model` and the vocab file, handed to transformers through its HF
 JSON: sizes, dropout, positions, segments, initializer_range, exact-erf GELU, tied MLM
 decoder); the loss (MLM cross-entropy at `masked_lm_positions` weighted by
-`masked_lm_weights`, Σ w·CE / (Σ w + 1e-5), plus mean NSP cross-entropy, as
-`bert_jax.losses`); AdamW with weight decay off LayerNorm and biases; global-norm clipping;
-the schedule (linear warmup, then polynomial decay counted from step 0, as the original:
-a `LambdaLR`, because transformers' `get_*_schedule_with_warmup` decay from the end of
-warmup); gradient accumulation; and the data. The loss is computed here because
-`BertForPreTraining(labels=...)` averages the MLM loss over tokens, unweighted. Batches
-come from our own pipeline (`data_pipelines.input_pipeline`) with the same files, seed,
-shuffle buffer and batch size, so a single-process run sees exactly the batches, in the
-same order, that a single-process `experiments.pretrain` run sees (held-out: the same
-`seed=0` stream, restarted per evaluation). A multi-host run of ours splits files per
-host, so its batches differ.
+`masked_lm_weights`, Σ w·CE / (Σ w + 1e-5), plus mean NSP cross-entropy for
+`config.objective="mlm_nsp"` only, as `bert_jax.losses`); AdamW with weight decay off
+LayerNorm and biases (`config.optimizer.name="adamw_bias_corrected"` is exactly
+`torch.optim.AdamW`); global-norm clipping; the schedule (linear warmup, then polynomial
+decay counted from step 0, as the original: a `LambdaLR`, because transformers'
+`get_*_schedule_with_warmup` decay from the end of warmup); gradient accumulation; and the
+data. The loss is computed here because `BertForPreTraining(labels=...)` averages the MLM
+loss over tokens, unweighted. Batches come from our own pipeline
+(`data_pipelines.input_pipeline`) with the same files, seed, shuffle buffer and batch size,
+and with `config.data.dynamic_masking` the same masking
+(`bert_jax.pretraining_input.masking_config`), so a single-process run sees exactly the
+batches, in the same order and with the same masks, that a single-process
+`experiments.pretrain` run sees (held-out: the same `seed=0` stream, restarted per
+evaluation). A multi-host run of ours splits files per host, so its batches differ.
 
 --output_dir receives config.json + model.safetensors (`save_pretrained`), vocab.txt and
 tokenizer_config.json, which `bert_jax.convert` and transformers both read, and the run's
@@ -32,12 +35,16 @@ renamed into place only after `bert_jax.convert.load_pretrained` has imported it
 model's logits on one batch match torch's.
 
 Differences that remain:
-- `torch.optim.AdamW` has bias correction; the original BERT AdamW (`bert_jax.optim`) has
-  none. For a steady gradient the original's update is larger by (1-β1^t)/sqrt(1-β2^t):
-  with β 0.9/0.999 that is 3.2 at step 1, 2.3 at 200, 1.26 at 1000, 1.03 at 3000 (eps
-  aside), so the two agree only after a few thousand steps: short runs differ most.
+- With `config.optimizer.name="adamw"` (the original BERT AdamW, `bert_jax.optim`, no bias
+  correction) torch's AdamW still corrects the bias. For a steady gradient the original's
+  update is larger by (1-β1^t)/sqrt(1-β2^t): with β 0.9/0.999 that is 3.2 at step 1, 2.3 at
+  200, 1.26 at 1000, 1.03 at 3000 (eps aside), so the two agree only after a few thousand
+  steps: short runs differ most.
 - Init: transformers draws N(0, initializer_range) and zeroes the [PAD] embedding row; ours
   is TF1's truncated normal (cut at 2σ, std 0.88·initializer_range). Different seeds anyway.
+- `config.objective="mlm"`: transformers' model keeps its pooler and NSP head, untrained
+  (no gradient reaches them), so the export loads as ours does.
+- Only the "mlm_nsp" and "mlm" objectives; unpacked batches (`config.data.pack` is ignored).
 - Dropout masks come from torch's generator (`torch.manual_seed(config.seed)`), not ours.
 - f32 only (`config.model.dtype` bf16 is ignored); no checkpoints or resume.
 """
@@ -60,16 +67,19 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax.config import BertConfig
+from bert_jax.config import BertConfig, objective
 from data_pipelines import cli
 
 FLAGS = flags.FLAGS
 
 
 def pretraining_loss(
-    model: transformers.BertForPreTraining, batch: dict[str, torch.Tensor]
+    model: transformers.BertForPreTraining,
+    batch: dict[str, torch.Tensor],
+    next_sentence: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Total loss = MLM + NSP, exactly as `bert_jax.losses.pretraining_loss`."""
+    """Total loss = MLM + NSP (MLM alone without `next_sentence`), exactly as
+    `bert_jax.losses.pretraining_loss`."""
     out = model.bert(
         input_ids=batch["input_ids"],
         attention_mask=batch["input_mask"],
@@ -87,6 +97,9 @@ def pretraining_loss(
     denominator = weights.sum() + 1e-5
     mlm_loss = (per_token * weights).sum() / denominator
     mlm_accuracy = ((mlm_logits.argmax(-1) == labels) * weights).sum() / denominator
+    if not next_sentence:  # objective "mlm": ours has no NSP head, the MLM term is the loss
+        metrics = {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_accuracy": mlm_accuracy}
+        return mlm_loss, {k: v.detach() for k, v in metrics.items()}
     nsp_labels = batch["next_sentence_labels"]
     nsp_loss = F.cross_entropy(nsp_logits, nsp_labels)
     nsp_accuracy = (nsp_logits.argmax(-1) == nsp_labels).float().mean()
@@ -105,8 +118,11 @@ def make_optimizer(
     model: torch.nn.Module, config: ml_collections.ConfigDict, num_updates: int
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW + the original schedule, from the `config.optimizer` block ours reads."""
-    if config.name != "adamw":
-        raise ValueError(f"config.optimizer.name {config.name!r}: only 'adamw' is mirrored")
+    if config.name not in ("adamw", "adamw_bias_corrected"):
+        raise ValueError(
+            f"--config.optimizer.name={config.name!r}: only 'adamw' and 'adamw_bias_corrected' "
+            "are mirrored (both by torch.optim.AdamW, which corrects the bias)"
+        )
     decay, no_decay = [], []
     for name, param in model.named_parameters():  # tied tensors are listed once
         (no_decay if "LayerNorm" in name or name.endswith("bias") else decay).append(param)
@@ -129,13 +145,21 @@ def make_optimizer(
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
 
 
-def batches(config: ml_collections.ConfigDict, files: str, seed: int) -> Iterator[dict]:
-    """Our pipeline's numpy batches, as `bert_jax.train` builds them on one process."""
+def batches(
+    config: ml_collections.ConfigDict, files: str, seed: int, mask_config=None
+) -> Iterator[dict]:
+    """Our pipeline's numpy batches, as `bert_jax.train` builds them on one process.
+
+    Args:
+        config: the pretraining config.
+        files: TFRecord globs.
+        seed: fixes the file order, shuffling and dynamic masks.
+        mask_config: `bert_jax.pretraining_input.masking_config` of the config (None for
+            static-masked records).
+    """
     from data_pipelines import input_pipeline
 
     data = config.data
-    if data.dynamic_masking:
-        raise ValueError("config.data.dynamic_masking: only static-masked records are mirrored")
     return input_pipeline.make_pretraining_dataset(
         files,
         global_batch_size=config.global_batch_size,
@@ -147,6 +171,8 @@ def batches(config: ml_collections.ConfigDict, files: str, seed: int) -> Iterato
         process_index=0,
         process_count=1,
         shuffle_buffer=data.shuffle_buffer,
+        dynamic_masking=data.dynamic_masking,
+        masking_config=mask_config,
     )
 
 
@@ -160,13 +186,19 @@ def to_torch(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, to
 
 @torch.no_grad()
 def evaluate(
-    model: transformers.BertForPreTraining, config: ml_collections.ConfigDict, device: torch.device
+    model: transformers.BertForPreTraining,
+    config: ml_collections.ConfigDict,
+    device: torch.device,
+    mask_config=None,
 ) -> dict[str, float]:
     """Mean held-out metrics over `config.eval_steps` batches, without dropout."""
     model.eval()
-    stream = batches(config, config.data.eval_files, seed=0)  # ours: seed 0, from the start
+    # Ours: seed 0, from the start (so dynamic masks are the same at every evaluation).
+    stream = batches(config, config.data.eval_files, seed=0, mask_config=mask_config)
+    next_sentence = objective(config) == "mlm_nsp"
     totals = [
-        pretraining_loss(model, to_torch(next(stream), device))[1] for _ in range(config.eval_steps)
+        pretraining_loss(model, to_torch(next(stream), device), next_sentence)[1]
+        for _ in range(config.eval_steps)
     ]
     model.train()
     return {k: float(torch.stack([t[k] for t in totals]).mean()) for k in totals[0]}
@@ -204,6 +236,7 @@ def check_import(
 
 def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = False) -> dict:
     """Pretrains, evaluates and exports to `output_dir`; returns the last metrics."""
+    from bert_jax.pretraining_input import masking_config
     from bert_jax.telemetry import MetricsWriter
     from bert_jax.train import model_config
     from data_pipelines.tokenization import load_tokenizer
@@ -212,8 +245,14 @@ def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = Fa
         raise FileExistsError(f"{output_dir} exists; pass --overwrite")
     if config.get("resume_from") or config.get("init_from"):
         raise ValueError("resume_from / init_from: the reference always starts from scratch")
+    if objective(config) not in ("mlm_nsp", "mlm"):
+        raise ValueError(
+            f"--config.objective={objective(config)!r}: only 'mlm_nsp' and 'mlm' are mirrored"
+        )
+    next_sentence = objective(config) == "mlm_nsp"
     data = config.data
     tokenizer = load_tokenizer(data.vocab_file, do_lower_case=data.do_lower_case)
+    mask_config = masking_config(config, tokenizer)  # None for static-masked records
     cfg: BertConfig = model_config(config, tokenizer.vocab_size)  # one place, as ours
     if cfg.dtype != "float32":
         logging.warning("config.model.dtype %s: the reference computes in float32", cfg.dtype)
@@ -232,12 +271,12 @@ def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = Fa
     work_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.tmp-", dir=parent)
     logging.info("%s on %s; writing %s", model.config.architectures, device, work_dir)
     writer = MetricsWriter(work_dir, enabled=True)
-    train_data = batches(config, data.train_files, config.seed)
+    train_data = batches(config, data.train_files, config.seed, mask_config)
 
     def eval_and_log(step: int) -> dict[str, float]:
         if not data.eval_files:
             return {}
-        result = evaluate(model, config, device)
+        result = evaluate(model, config, device, mask_config)
         writer.write(step, result, prefix="eval")
         logging.info("eval at step %d: %s", step, result)
         return {f"eval_{k}": v for k, v in result.items()}
@@ -249,7 +288,8 @@ def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = Fa
     progress = tqdm(total=stop, desc="reference pretrain")
     learning_rate = scheduler.get_last_lr()[0]
     for step in range(1, stop + 1):
-        loss, step_metrics = pretraining_loss(model, to_torch(next(train_data), device))
+        batch = to_torch(next(train_data), device)
+        loss, step_metrics = pretraining_loss(model, batch, next_sentence)
         (loss / accum).backward()  # optax.MultiSteps averages the micro-batch gradients
         if step % accum == 0:
             learning_rate = scheduler.get_last_lr()[0]  # the rate of this update
@@ -290,7 +330,7 @@ def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = Fa
     shutil.copyfile(data.vocab_file, os.path.join(work_dir, "vocab.txt"))
     with open(os.path.join(work_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({"do_lower_case": data.do_lower_case, "tokenizer_class": "BertTokenizer"}, f)
-    check_batch = next(batches(config, data.eval_files or data.train_files, seed=0))
+    check_batch = next(batches(config, data.eval_files or data.train_files, 0, mask_config))
     imported = check_import(work_dir, model, check_batch)
     torch_count = sum(p.numel() for p in model.parameters())  # tied tensors counted once
     logging.info("parameters: %d in torch, %d imported by bert_jax", torch_count, imported)
