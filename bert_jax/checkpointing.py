@@ -203,7 +203,15 @@ def saved_config(manager, step: int | None = None) -> dict:
 
 
 def restore_params(directory: str, abstract_params=None, step: int | None = None):
-    """Only the params of a train-state checkpoint, and the experiment config saved with them.
+    """Only the params of a train-state checkpoint, and the experiment config saved with them
+    (`restore_params_and_step` without the step)."""
+    params, config, _ = restore_params_and_step(directory, abstract_params, step)
+    return params, config
+
+
+def restore_params_and_step(directory: str, abstract_params=None, step: int | None = None):
+    """Only the params of a train-state checkpoint, the experiment config saved with them and
+    the step they are of.
 
     A partial restore: the optimizer state on disk is never read, so a checkpoint made
     with another optimizer (or none) initialises a new run (`init_from`) or is imported
@@ -212,7 +220,8 @@ def restore_params(directory: str, abstract_params=None, step: int | None = None
     checkpoints are skipped as in `restore`.
 
     Returns:
-        (params, experiment config as saved: a JSON dict).
+        (params, experiment config as saved: a JSON dict, step): with `step=None`, of the
+        newest checkpoint that reads.
     """
     if not tf_io_isdir(directory):
         raise FileNotFoundError(f"{directory} is not a checkpoint directory")
@@ -245,7 +254,8 @@ def restore_params(directory: str, abstract_params=None, step: int | None = None
         saved_items = manager.restore(step, args=items)
         _verify(restored, saved_items.data.get("fingerprint"))
         params = restored["params"]
-        return (params if abstract_params is not None else _unbox(params)), saved_items.config
+        params = params if abstract_params is not None else _unbox(params)
+        return params, saved_items.config, step
 
     return _newest_readable(manager, step, read, set_aside=False)
 

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import glob
 import json
-import logging
 import os
 import re
 import shutil
@@ -33,8 +32,6 @@ from bert_jax.convert.names import (
     flatten,
     with_layout,
 )
-
-log = logging.getLogger(__name__)
 
 
 class Source:
@@ -262,30 +259,17 @@ def read_train_state(path: str) -> tuple[BertConfig, Params, dict, str | None, i
 
 def _readable_params(directory: str, step: int | None) -> tuple[Params, dict, int]:
     """(params, saved experiment config, step) of checkpoint `step` in `directory`, by default
-    of the newest whose params read (each newer one named in a warning), with the step: a
-    run that starts from an older checkpoint than the user may think says which."""
+    of the newest whose params read (`checkpointing.restore_params_and_step` warns of each
+    newer one), with the step: a run that starts from an older checkpoint than the user may
+    think says which."""
     from bert_jax import checkpointing
 
-    if step is not None:
-        return (*checkpointing.restore_params(directory, step=step), step)
-    manager = checkpointing.make_manager(directory, async_save=False, create=False)
-    unreadable = []
-    for candidate in sorted(manager.all_steps(), reverse=True):
-        try:
-            params, experiment = checkpointing.restore_params(directory, step=candidate)
-        except checkpointing.CheckpointError as error:  # names the step, path and reason
-            log.warning("%s", error)
-            unreadable.append(str(error))
-            continue
-        if unreadable:
-            log.warning(
-                "read step %d in %s, the newest readable checkpoint (%d newer unreadable)",
-                candidate,
-                directory,
-                len(unreadable),
-            )
-        return params, experiment, candidate
-    raise ConversionError(f"{directory}: no readable checkpoint: {'; '.join(unreadable)}")
+    try:
+        return checkpointing.restore_params_and_step(directory, step=step)
+    except checkpointing.CheckpointError as error:
+        if step is not None:
+            raise
+        raise ConversionError(str(error)) from error
 
 
 def _train_state_source(path: str) -> Source:
