@@ -385,15 +385,17 @@ def _finish_after(error: BaseException, manager, step: int) -> None:
         error.add_note(str(failed))
     if str(manager.directory) in str(error):  # the non-finite stop's own message names it
         return
-    good = manager.latest_step()
-    where = (
-        f"the last complete checkpoint is step {good} in {manager.directory}"
-        if good is not None
-        else f"no checkpoint was saved yet in {manager.directory}"
-    )
-    note = f"training stopped at step {step} ({type(error).__name__}); {where}"
+    note = f"training stopped at step {step} ({type(error).__name__}); {_resume_point(manager)}"
     error.add_note(note)
     logging.error(note)
+
+
+def _resume_point(manager, kind: str = "complete") -> str:
+    """Where a rerun of a stopped run resumes: its last (`kind`) checkpoint, or none yet."""
+    good = manager.latest_step()
+    if good is None:
+        return f"no checkpoint was saved yet in {manager.directory}"
+    return f"the last {kind} checkpoint is step {good} in {manager.directory}"
 
 
 def _flush(
@@ -416,13 +418,7 @@ def _flush(
                 raise rollback.LossSpike(s, float(m["loss"]), reason)
         elif bad:
             checkpointing.finish_saves(manager)
-            good = manager.latest_step()
-            where = (
-                f"the last good checkpoint is step {good} in {manager.directory}"
-                if good is not None
-                else f"no checkpoint was saved yet in {manager.directory}"
-            )
-            raise FloatingPointError(f"{bad} at step {s}; {where}")
+            raise FloatingPointError(f"{bad} at step {s}; {_resume_point(manager, 'good')}")
     elapsed = time.perf_counter() - timer[0]
     steps = step - timer[1]
     averaged = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[-1]}
