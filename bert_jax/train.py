@@ -45,7 +45,7 @@ from bert_jax.train_state import (
     make_step,
     state_shardings,
 )
-from data_pipelines import records
+from data_pipelines import records, tfrecord_files
 
 # The batch features BertForPreTraining takes, in the order of its positional arguments.
 MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
@@ -109,7 +109,7 @@ def check_records_kind(config: ml_collections.ConfigDict) -> None:
     for path in input_pipeline.list_files(config.data.train_files):
         firsts.setdefault(os.path.dirname(path), path)
     for path in firsts.values():
-        stats_path = path + ".stats.json"
+        stats_path = path + tfrecord_files.STATS_SUFFIX
         if not tf.io.gfile.exists(stats_path):
             continue
         with tf.io.gfile.GFile(stats_path) as f:
