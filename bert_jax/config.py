@@ -24,6 +24,72 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "large": (24, 1024, 16),
 }
 
+# ModernBERT's architecture (Warner et al. 2024, answerdotai/ModernBERT-base's config.json):
+# rotary positions (base 160k global, 10k local), GeGLU, pre-LN, no biases, a 128-token
+# window with every third layer global, no token types, no dropout.
+_MODERNBERT = dict(
+    vocab_size=50368,
+    max_position_embeddings=8192,
+    position_encoding="rotary",
+    rope_theta=160000.0,
+    local_rope_theta=10000.0,
+    feed_forward="glu",
+    norm_placement="pre",
+    linear_bias=False,
+    norm_bias=False,
+    local_attention_window=128,
+    global_attention_every=3,
+    type_vocab_size=0,
+    layer_norm_eps=1e-5,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+# name: every field the preset sets. "modernbert_tiny" is ours, CPU-sized: layers of both
+# kinds (0 and 2 global, 1 and 3 local) and a 32-token window shorter than its 512 positions.
+MODERN_PRESETS: dict[str, dict[str, Any]] = {
+    "modernbert_base": dict(
+        _MODERNBERT,
+        num_hidden_layers=22,
+        hidden_size=768,
+        num_attention_heads=12,
+        intermediate_size=1152,
+    ),
+    "modernbert_large": dict(
+        _MODERNBERT,
+        num_hidden_layers=28,
+        hidden_size=1024,
+        num_attention_heads=16,
+        intermediate_size=2624,
+    ),
+    "modernbert_tiny": dict(
+        _MODERNBERT,
+        num_hidden_layers=4,
+        hidden_size=128,
+        num_attention_heads=2,
+        intermediate_size=192,
+        max_position_embeddings=512,
+        local_attention_window=32,
+        global_attention_every=2,
+    ),
+}
+
+
+def preset_fields(name: str) -> dict[str, Any]:
+    """Every field preset `name` (a PRESETS or MODERN_PRESETS name) sets."""
+    if name in MODERN_PRESETS:
+        return dict(MODERN_PRESETS[name])
+    if name not in PRESETS:
+        choices = sorted(PRESETS) + sorted(MODERN_PRESETS)
+        raise ConfigError(f"unknown preset {name!r}; choose one of {choices}")
+    layers, hidden, heads = PRESETS[name]
+    return dict(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+    )
+
+
 REMAT_POLICIES = (
     "none",  # no rematerialisation: keep every activation (fastest, most memory)
     "full",  # recompute the whole layer in the backward pass (least memory)
@@ -54,6 +120,31 @@ _JSON_ACTS = {
     "google": {"gelu": "gelu_tanh", "gelu_exact": "gelu"},
     "hf": {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"},
 }
+
+
+POSITION_ENCODINGS = (
+    "learned",  # a learned table of absolute positions, added to the embeddings: BERT
+    "rotary",  # queries and keys rotated by their positions (RoFormer): ModernBERT
+    "alibi",  # a -slope * |i - j| bias on the attention logits (Press et al.): MosaicBERT
+)
+FEED_FORWARDS = (
+    "mlp",  # dense, GELU, dense: BERT
+    "glu",  # GeGLU (Shazeer 2020): GELU(x W_in) * (x W_gate), then dense: ModernBERT, MosaicBERT
+)
+NORM_PLACEMENTS = (
+    "post",  # LayerNorm after each residual sum: BERT
+    "pre",  # LayerNorm before attention and FFN, plus a final norm (Xiong et al.): ModernBERT
+)
+# The architecture of BERT itself: the values of the switches Google's bert_config.json and
+# transformers' BertConfig can describe (`BertConfig.non_bert_fields`).
+_BERT_ARCHITECTURE = dict(
+    position_encoding="learned",
+    feed_forward="mlp",
+    norm_placement="post",
+    linear_bias=True,
+    norm_bias=True,
+    local_attention_window=0,
+)
 
 
 # The pretraining objectives an experiment picks with `config.objective`, the rows of the
@@ -105,6 +196,20 @@ class BertConfig:
     # differ (ELECTRA's factorised embeddings: ELECTRA-Small has E=128, H=256; a generator
     # shares the discriminator's tables at its own H). None: E = hidden_size, plain BERT.
     embedding_size: int | None = None
+    # --- architecture switches (issue 42); the defaults are BERT's ---------------------------
+    position_encoding: str = "learned"  # one of POSITION_ENCODINGS; not "learned": no table
+    rope_theta: float = 10000.0  # rotary base of global layers (RoFormer 10k; ModernBERT 160k)
+    local_rope_theta: float | None = None  # rotary base of local layers (None: rope_theta)
+    feed_forward: str = "mlp"  # one of FEED_FORWARDS; intermediate_size is F after the gate
+    norm_placement: str = "post"  # one of NORM_PLACEMENTS; "pre": norm before each block
+    linear_bias: bool = True  # biases of the encoder's dense layers and the MLM transform
+    norm_bias: bool = True  # LayerNorm biases (ModernBERT: neither)
+    # 0: every layer attends the whole sequence (BERT); W > 0: local layers attend keys within
+    # W // 2 tokens either side (ModernBERT's `local_attention`, 128).
+    local_attention_window: int = 0
+    global_attention_every: int = (
+        1  # with a window, layer i is global iff i % K == 0 (ModernBERT 3)
+    )
 
     def __post_init__(self):
         problems = []
@@ -115,11 +220,15 @@ class BertConfig:
             "num_attention_heads",
             "intermediate_size",
             "max_position_embeddings",
-            "type_vocab_size",
+            "global_attention_every",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 problems.append(f"{name} must be a positive integer, got {value!r}")
+        for name in ("type_vocab_size", "local_attention_window"):  # 0: none
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                problems.append(f"{name} must be a non-negative integer, got {value!r}")
         if not problems and self.hidden_size % self.num_attention_heads:
             problems.append(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
@@ -150,10 +259,52 @@ class BertConfig:
         size = self.embedding_size
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
             problems.append(f"embedding_size must be a positive integer or None, got {size!r}")
-        if not isinstance(self.causal, bool):
-            problems.append(f"causal must be True or False, got {self.causal!r}")
+        for name in ("causal", "linear_bias", "norm_bias"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name} must be True or False, got {getattr(self, name)!r}")
+        problems += self._architecture_problems()
         if problems:
             raise ConfigError("invalid BertConfig: " + "; ".join(problems))
+
+    def _architecture_problems(self) -> list[str]:
+        problems = []
+        for name, choices in (
+            ("position_encoding", POSITION_ENCODINGS),
+            ("feed_forward", FEED_FORWARDS),
+            ("norm_placement", NORM_PLACEMENTS),
+        ):
+            if getattr(self, name) not in choices:
+                problems.append(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        for name in ("rope_theta", "local_rope_theta"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and value > 0):
+                problems.append(f"{name} must be a positive number, got {value!r}")
+        rotary = self.position_encoding == "rotary"
+        heads = self.num_attention_heads
+        if rotary and isinstance(heads, int) and heads > 0 and self.head_dim % 2:
+            problems.append(
+                f"position_encoding='rotary' needs an even head dimension, got "
+                f"hidden_size/num_attention_heads = {self.head_dim}"
+            )
+        return problems
+
+    def non_bert_fields(self) -> list[str]:
+        """The fields, as `key=value`, that BERT's own formats cannot describe (empty: BERT)."""
+        fields = [
+            f"{name}={getattr(self, name)!r}"
+            for name, value in _BERT_ARCHITECTURE.items()
+            if getattr(self, name) != value
+        ]
+        if self.type_vocab_size == 0:
+            fields.append("type_vocab_size=0")
+        return fields
+
+    def _check_bert_architecture(self, what: str) -> None:
+        if self.non_bert_fields():
+            raise ConfigError(
+                f"{', '.join(self.non_bert_fields())} has no {what}: BERT's format describes "
+                "a post-LN BERT with learned positions, biases and token types only"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -170,16 +321,9 @@ class BertConfig:
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> BertConfig:
-        """One of PRESETS (tiny, mini, small, medium, base, large), with overrides."""
-        if name not in PRESETS:
-            raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-        layers, hidden, heads = PRESETS[name]
-        fields = dict(
-            num_hidden_layers=layers,
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            intermediate_size=4 * hidden,
-        )
+        """One of PRESETS (tiny, mini, small, medium, base, large) or MODERN_PRESETS
+        (modernbert_base, modernbert_large, modernbert_tiny), with overrides."""
+        fields = preset_fields(name)
         fields.update(overrides)
         return cls(**fields)
 
@@ -231,6 +375,7 @@ class BertConfig:
                 f"embedding_size {self.embedding_size} != hidden_size {self.hidden_size} has no "
                 "Google bert_config.json: google-research/bert has no embedding projection"
             )
+        self._check_bert_architecture("Google bert_config.json")
         return self._architecture_dict()
 
     def _architecture_dict(self) -> dict[str, Any]:
@@ -253,7 +398,12 @@ class BertConfig:
 
         A causal model gets `is_decoder: true`, under which transformers' BertModel applies
         the same causal-and-padding mask (its pooler still reads [CLS]: see `BertModel`).
+
+        Raises:
+            ConfigError: an architecture transformers' BertModel does not compute
+                (`non_bert_fields`).
         """
+        self._check_bert_architecture("transformers BertConfig")
         causal = {"is_decoder": True} if self.causal else {}
         # transformers' BertConfig keeps a key it does not know; our params-only Orbax
         # directories (`bert_jax.convert.save_params`) read it back.
@@ -349,8 +499,17 @@ COMPARED_FIELDS = (
     "dtype",
     "param_dtype",
     "embedding_size",
+    "position_encoding",
+    "rope_theta",
+    "local_rope_theta",
+    "feed_forward",
+    "norm_placement",
+    "linear_bias",
+    "norm_bias",
+    "local_attention_window",
+    "global_attention_every",
 )
-# The fields a preset sets (`BertConfig.from_preset`).
+# The fields every preset sets (`BertConfig.from_preset`).
 _PRESET_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
 # The keys of an experiment's `electra` block that size the generator, with the defaults of
 # configs without them (`bert_jax.electra.EXPERIMENT_DEFAULTS`, which cannot be imported here).
@@ -390,9 +549,11 @@ def model_changes(
     resolved = BertConfig.from_experiment(model, vocab_size, objectives[1])
     # What the saved config fixes without stating it: its preset's sizes, the vocab file's size.
     known = {"vocab_size": vocab_size or 30522}
-    if saved_model.get("preset") in PRESETS:
-        layers, hidden, heads = PRESETS[saved_model["preset"]]
-        known |= dict(zip(_PRESET_SIZES, (layers, hidden, heads, 4 * hidden), strict=True))
+    if saved_model.get("preset") in PRESETS or saved_model.get("preset") in MODERN_PRESETS:
+        known |= {
+            k: v for k, v in preset_fields(saved_model["preset"]).items() if k != "vocab_size"
+        }
+    now_preset = preset_fields(model["preset"])
     changes = [("objective", *objectives)] if objectives[0] != objectives[1] else []
     if objectives == ("electra", "electra"):
         # The generator's sizes (`bert_jax.electra.experiment_generator`); configs older than
@@ -409,8 +570,9 @@ def model_changes(
             was = known.get(name)
         if was is None:
             # The default of its day, unknown: a change when `now` states the field (a preset
-            # states the sizes), else both sides are the default, which cannot be compared.
-            if model.get(name) is not None or name in _PRESET_SIZES:
+            # states the sizes, a ModernBERT one its architecture too), else both sides are
+            # the default, which cannot be compared.
+            if model.get(name) is not None or name in _PRESET_SIZES or name in now_preset:
                 changes.append((f"model.{name}", saved_model.get(name, MISSING), value))
         elif was != value:
             changes.append((f"model.{name}", was, value))

@@ -36,6 +36,8 @@ class MaskedLMHead(nn.Module):
 
     The transform maps H to the table's width E (`config.embedding_width`), as ELECTRA's
     generator head does when its embeddings are narrower or wider than its hidden states.
+    Its bias and the norm's follow `linear_bias` and `norm_bias`; the decoder's output bias
+    is always there (as ModernBERT's `decoder_bias`).
     """
 
     config: BertConfig
@@ -43,7 +45,10 @@ class MaskedLMHead(nn.Module):
     @nn.compact
     def __call__(self, states: jax.Array, word_table: jax.Array) -> jax.Array:
         cfg = self.config
-        h = dense(cfg, cfg.embedding_width, ("embed", "mlp"), "transform")(states)
+        transform = dense(
+            cfg, cfg.embedding_width, ("embed", "mlp"), "transform", bias=cfg.linear_bias
+        )
+        h = transform(states)
         h = activation(cfg)(h)
         h = layer_norm(cfg, "layer_norm")(h)
         bias = self.param("output_bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)

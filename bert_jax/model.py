@@ -1,4 +1,8 @@
-"""The BERT encoder in Flax linen: embeddings, post-LN transformer layers, pooler.
+"""The BERT encoder in Flax linen: embeddings, transformer layers, pooler.
+
+One encoder for BERT, ModernBERT and MosaicBERT: `BertConfig`'s architecture switches pick
+the position scheme, feed-forward, norm placement, biases and attention pattern, each layer
+composed from the same primitives (`bert_jax.layers`); the defaults are BERT, post-LN.
 
 Every parameter and every block-boundary activation carries logical axis names
 (`batch length embed heads kv mlp vocab layers`); `bert_jax.sharding` maps them onto a
@@ -17,7 +21,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import layers
 from bert_jax.config import BertConfig, ConfigError
+from bert_jax.layers import attention_bias, attention_mask, last_token_positions
 
 
 def weight_init(config: BertConfig, names: tuple[str, ...]):
@@ -76,6 +82,7 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
         param_dtype=config.param_dtype,
         scale_init=ones_init(("embed",)),
         bias_init=zeros_init(("embed",)),
+        use_bias=config.norm_bias,
         name=name,
     )
 
@@ -92,15 +99,19 @@ class Dense(nn.Module):
     features: tuple[int, ...]
     names: tuple[str | None, ...]  # logical names of the kernel's axes
     contract: int = 1
+    use_bias: bool = True
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
         kernel_shape = x.shape[x.ndim - self.contract :] + self.features
         kernel = self.param("kernel", weight_init(cfg, self.names), kernel_shape, cfg.param_dtype)
+        y = matmul(x, kernel, self.contract, cfg.dtype)
+        if not self.use_bias:
+            return y
         out_names = self.names[self.contract :]
         bias = self.param("bias", zeros_init(out_names), self.features, cfg.param_dtype)
-        return matmul(x, kernel, self.contract, cfg.dtype) + bias.astype(jnp.float32)
+        return y + bias.astype(jnp.float32)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -201,67 +212,28 @@ def _einsum_backward(subscripts, dtype, saved, g):
 mixed_einsum.defvjp(_einsum_forward, _einsum_backward)
 
 
-def dense(config: BertConfig, features, names: tuple[str | None, ...], name: str, axis=-1):
-    """`Dense` producing `features` (an int or a tuple) from the input's `axis` dims."""
+def dense(
+    config: BertConfig,
+    features,
+    names: tuple[str | None, ...],
+    name: str,
+    axis=-1,
+    bias: bool = True,
+):
+    """`Dense` producing `features` (an int or a tuple) from the input's `axis` dims; the
+    encoder's own layers pass `bias=config.linear_bias`, task heads keep theirs."""
     features = (features,) if isinstance(features, int) else tuple(features)
     contract = 1 if isinstance(axis, int) else len(axis)
-    return Dense(config, features, names, contract, name=name)
-
-
-def attention_mask(
-    input_mask: jax.Array, instance_ids: jax.Array | None = None, causal: bool = False
-) -> jax.Array:
-    """Which keys each query attends, as a boolean mask broadcastable to (B, A, T, S).
-
-    Unpacked rows, (B, T) 1/0 `input_mask` -> (B, 1, 1, S): every query attends the real
-    tokens. Packed rows, (B, T) `instance_ids` (1, 2, ... per instance, 0 on padding) ->
-    (B, 1, T, S) block-diagonal: a token attends only its own instance, and padding attends
-    nothing and is attended by nothing. `causal` ANDs in the lower triangle (B, 1, T, S):
-    query t attends keys s <= t only (within its instance, when packed, since instances
-    are contiguous).
-    """
-    if instance_ids is None:
-        mask = (input_mask > 0)[:, None, None, :]  # (B, 1, 1, S)
-    else:
-        same = instance_ids[:, :, None] == instance_ids[:, None, :]  # (B, T, S)
-        mask = (same & (instance_ids[:, None, :] > 0))[:, None]  # (B, 1, T, S)
-    if causal:
-        length = input_mask.shape[1]
-        mask = mask & jnp.tril(jnp.ones((length, length), bool))[None, None]  # (B, 1, T, S)
-    return mask
-
-
-def last_token_positions(
-    input_mask: jax.Array, instance_ids: jax.Array | None = None, num_instances: int = 0
-) -> jax.Array:
-    """Where each row's (or, packed, each instance slot's) last real token is.
-
-    (B, T) -> (B,) positions; packed, (B, T) `instance_ids` -> (B, I) positions for the I
-    slots, 0 for an empty slot. The highest real position, not the count minus one, so a
-    mask need not be a prefix.
-    """
-    positions = jnp.arange(input_mask.shape[1])  # (T,)
-    if instance_ids is None:
-        return jnp.max(jnp.where(input_mask > 0, positions, 0), axis=1)  # (B,)
-    slots = jnp.arange(1, num_instances + 1)  # (I,)
-    in_slot = instance_ids[:, None, :] == slots[None, :, None]  # (B, I, T)
-    return jnp.max(jnp.where(in_slot, positions, 0), axis=2)  # (B, I)
-
-
-def attention_bias(mask: jax.Array) -> jax.Array:
-    """A boolean attention mask -> the additive f32 bias: 0 where attended, -inf-ish elsewhere.
-
-    A query that attends nothing (packed padding) gets the same bias on every key, hence
-    uniform (finite) probabilities over junk it never passes on.
-    """
-    big_negative = jnp.finfo(jnp.float32).min
-    return jnp.where(mask, 0.0, big_negative).astype(jnp.float32)
+    return Dense(config, features, names, contract, bias, name=name)
 
 
 class Embeddings(nn.Module):
     """word + position + token-type embeddings, then LayerNorm and dropout.
 
-    The tables are `config.embedding_width` (E) wide; `BertModel` projects E to H.
+    The tables are `config.embedding_width` (E) wide; `BertModel` projects E to H. The
+    position table exists with `position_encoding="learned"` only (rotary and ALiBi act in
+    attention), the token-type table with `type_vocab_size > 0` only (ModernBERT has none:
+    its token_type_ids are ignored).
     """
 
     config: BertConfig
@@ -274,12 +246,14 @@ class Embeddings(nn.Module):
         self.word_embeddings = embed(
             cfg.vocab_size, embedding_init=weight_init(cfg, ("vocab", "embed"))
         )
-        self.position_embeddings = embed(
-            cfg.max_position_embeddings, embedding_init=weight_init(cfg, (None, "embed"))
-        )
-        self.token_type_embeddings = embed(
-            cfg.type_vocab_size, embedding_init=weight_init(cfg, (None, "embed"))
-        )
+        if cfg.position_encoding == "learned":
+            self.position_embeddings = embed(
+                cfg.max_position_embeddings, embedding_init=weight_init(cfg, (None, "embed"))
+            )
+        if cfg.type_vocab_size:
+            self.token_type_embeddings = embed(
+                cfg.type_vocab_size, embedding_init=weight_init(cfg, (None, "embed"))
+            )
         self.layer_norm = layer_norm(cfg, "layer_norm")
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
@@ -291,11 +265,13 @@ class Embeddings(nn.Module):
                 f"{self.config.max_position_embeddings}"
             )
         x = self.word_embeddings(input_ids)  # (B, T, E)
-        if position_ids is None:  # one instance per row: positions 0..T-1
-            x = x + self.position_embeddings(jnp.arange(length))[None]
-        else:  # packed rows: positions restart at 0 with each instance
-            x = x + self.position_embeddings(position_ids)
-        x = x + self.token_type_embeddings(token_type_ids)
+        if self.config.position_encoding == "learned":
+            if position_ids is None:  # one instance per row: positions 0..T-1
+                x = x + self.position_embeddings(jnp.arange(length))[None]
+            else:  # packed rows: positions restart at 0 with each instance
+                x = x + self.position_embeddings(position_ids)
+        if self.config.type_vocab_size:
+            x = x + self.token_type_embeddings(token_type_ids)
         x = self.layer_norm(x.astype(jnp.float32))
         x = self.dropout(x, deterministic=deterministic)
         return constrain(x, ("batch", "length", "embed"))
@@ -318,21 +294,26 @@ class SelfAttention(nn.Module):
     deterministic: bool
 
     @nn.compact
-    def __call__(self, x, mask):  # x: (B, T, H), mask: (B, 1, 1 or T, S) bool
+    def __call__(self, x, inputs: layers.AttentionInputs):  # x: (B, T, H)
         cfg = self.config
         heads = (cfg.num_attention_heads, cfg.head_dim)
-        names = ("embed", "heads", "kv")
-        q = dense(cfg, heads, names, "query")(x)  # (B, T, A, D)
-        k = dense(cfg, heads, names, "key")(x)
-        v = dense(cfg, heads, names, "value")(x)
+        project = functools.partial(
+            dense, cfg, heads, ("embed", "heads", "kv"), bias=cfg.linear_bias
+        )
+        q = project("query")(x)  # (B, T, A, D)
+        k = project("key")(x)
+        v = project("value")(x)
+        if inputs.rotary is not None:
+            q, k = (layers.apply_rotary(y, inputs.rotary) for y in (q, k))
         q = constrain(q, ("batch", "length", "heads", "kv"))
         k = constrain(k, ("batch", "length", "heads", "kv"))
         v = constrain(v, ("batch", "length", "heads", "kv"))
 
         q = q / math.sqrt(cfg.head_dim)
+        mask, bias = inputs.mask, inputs.bias  # (B, 1, 1 or T, S) bool, ALiBi's or None
         if cfg.attention_implementation == "einsum":
             dropout = nn.Dropout(cfg.attention_probs_dropout_prob)
-            context = self._einsum(q, k, v, mask, dropout)
+            context = self._einsum(q, k, v, mask, bias, dropout)
         else:
             if cfg.attention_probs_dropout_prob > 0 and not self.deterministic:
                 raise ConfigError(
@@ -350,45 +331,77 @@ class SelfAttention(nn.Module):
                 q.astype(cfg.dtype),
                 k.astype(cfg.dtype),
                 v.astype(cfg.dtype),
+                bias=bias,
                 mask=mask,
                 scale=1.0,
                 implementation=cfg.attention_implementation,
             )  # (B, T, A, D)
         context = constrain(context, ("batch", "length", "heads", "kv"))
-        return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1))(
-            context
-        )
+        out_names = ("heads", "kv", "embed")
+        return dense(cfg, cfg.hidden_size, out_names, "output", (-2, -1), cfg.linear_bias)(context)
 
-    def _einsum(self, q, k, v, mask, dropout):
+    def _einsum(self, q, k, v, mask, bias, dropout):
         cfg = self.config
         logits = mixed_einsum("btad,bsad->bats", q, k, cfg.dtype)  # (B, A, T, S)
+        if bias is not None:
+            logits = logits + bias
         probs = jax.nn.softmax(logits + attention_bias(mask), axis=-1)
         probs = dropout(probs, self.deterministic)
         return mixed_einsum("bats,bsad->btad", probs, v, cfg.dtype)  # (B, T, A, D)
 
 
+def feed_forward(config: BertConfig, x: jax.Array) -> jax.Array:
+    """(B, T, H) -> (B, T, H): BERT's dense-GELU-dense, or GeGLU's gated form (config's
+    `feed_forward`), its dense layers `intermediate` and `output` of the calling module."""
+    cfg = config
+    glu = cfg.feed_forward == "glu"
+    # GLU: one (H, 2, F) kernel giving the input and the gate halves.
+    features, names = (
+        ((2, cfg.intermediate_size), ("embed", None, "mlp"))
+        if glu
+        else (cfg.intermediate_size, ("embed", "mlp"))
+    )
+    h = dense(cfg, features, names, "intermediate", bias=cfg.linear_bias)(x)
+    h = constrain(h, ("batch", "length", *names[1:]))
+    h = layers.gated(h, activation(cfg)) if glu else activation(cfg)(h)  # (B, T, F)
+    return dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output", bias=cfg.linear_bias)(h)
+
+
 class TransformerLayer(nn.Module):
-    """One post-LN BERT layer; returns (x, x or None) so that it can be scanned."""
+    """One layer, post-LN (BERT) or pre-LN (`config.norm_placement`), global or local
+    attention by its `index`; returns (x, x or None) so that it can be scanned.
+
+    `index` is a Python int in the looped layout (each layer decided statically) and a
+    scan input in the scanned one (decided by `layers.select`). Every layer holds both
+    norms, so both layouts hold the same leaves; pre-LN's layer 0 skips its attention norm,
+    as ModernBERT's (the embedding norm already normalised its input).
+    """
 
     config: BertConfig
     deterministic: bool
     return_hidden: bool = False
 
     @nn.compact
-    def __call__(self, x, mask):
+    def __call__(self, x, inputs, index):
         cfg = self.config
         drop = functools.partial(
             nn.Dropout(cfg.hidden_dropout_prob), deterministic=self.deterministic
         )
-        h = SelfAttention(cfg, self.deterministic, name="attention")(x, mask)
-        x = layer_norm(cfg, "attention_layer_norm")(x + drop(h))
-        x = constrain(x, ("batch", "length", "embed"))
-
-        h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)
-        h = constrain(h, ("batch", "length", "mlp"))
-        h = activation(cfg)(h)
-        h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
-        x = layer_norm(cfg, "output_layer_norm")(x + drop(h))
+        attend, local = inputs  # global layers' `AttentionInputs`, local ones' (or None)
+        if local is not None:
+            attend = layers.select(index % cfg.global_attention_every == 0, attend, local)
+        attention = SelfAttention(cfg, self.deterministic, name="attention")
+        attention_norm = layer_norm(cfg, "attention_layer_norm")
+        output_norm = layer_norm(cfg, "output_layer_norm")
+        if cfg.norm_placement == "pre":
+            h = layers.select(index == 0, x, attention_norm(x))
+            x = x + drop(attention(h, attend))
+            x = constrain(x, ("batch", "length", "embed"))
+            x = x + drop(feed_forward(cfg, output_norm(x)))
+        else:
+            x = attention_norm(x + drop(attention(x, attend)))
+            x = constrain(x, ("batch", "length", "embed"))
+            x = output_norm(x + drop(feed_forward(cfg, x)))
         x = constrain(x, ("batch", "length", "embed"))
         return x, (x if self.return_hidden else None)
 
@@ -406,31 +419,44 @@ class Encoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, mask, deterministic: bool, return_hidden: bool):
-        """Returns the last layer's output and, if `return_hidden`, every layer's."""
+    def __call__(self, x, mask, deterministic: bool, return_hidden: bool, position_ids=None):
+        """Returns the last layer's output and, if `return_hidden`, every layer's (pre-LN:
+        before the final norm, as transformers' ModernBERT reports them).
+
+        `mask` is `attention_mask`'s; `position_ids` (B, T), packed rows' positions within
+        each instance (None: 0..T-1), place rotary angles and ALiBi distances.
+        """
         cfg = self.config
+        positions = jnp.arange(x.shape[1])[None] if position_ids is None else position_ids
+        inputs = layers.attention_inputs(cfg, mask, positions)  # global's, local's or None
         layer = TransformerLayer
         if cfg.remat_policy != "none":
             layer = nn.remat(
-                layer, policy=remat_policy(cfg.remat_policy), prevent_cse=not cfg.scan_layers
+                layer,
+                policy=remat_policy(cfg.remat_policy),
+                prevent_cse=not cfg.scan_layers,
+                static_argnums=() if cfg.scan_layers else (3,),  # the looped layer's index
             )
         if cfg.scan_layers:
             scanned = nn.scan(
                 layer,
                 variable_axes={"params": 0},
                 split_rngs={"params": True, "dropout": True},
-                in_axes=nn.broadcast,
+                in_axes=(nn.broadcast, 0),
                 length=cfg.num_hidden_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
-            x, hidden = scanned(cfg, deterministic, return_hidden, name="layers")(x, mask)
+            index = jnp.arange(cfg.num_hidden_layers)
+            x, hidden = scanned(cfg, deterministic, return_hidden, name="layers")(x, inputs, index)
             hidden = list(hidden) if return_hidden else []  # L x (B, T, H)
         else:
             hidden = []
             for i in range(cfg.num_hidden_layers):
-                x, _ = layer(cfg, deterministic, name=f"layer_{i}")(x, mask)
+                x, _ = layer(cfg, deterministic, name=f"layer_{i}")(x, inputs, i)
                 if return_hidden:
                     hidden.append(x)
+        if cfg.norm_placement == "pre":
+            x = constrain(layer_norm(cfg, "final_layer_norm")(x), ("batch", "length", "embed"))
         return x, hidden
 
 
@@ -459,7 +485,11 @@ class BertModel(nn.Module):
             # ELECTRA's factorised embeddings: a (V, E) table and one E -> H projection cost
             # fewer parameters than a (V, H) table when E < H.
             self.embeddings_project = dense(
-                self.config, self.config.hidden_size, ("embed", "mlp"), "embeddings_project"
+                self.config,
+                self.config.hidden_size,
+                ("embed", "mlp"),
+                "embeddings_project",
+                bias=self.config.linear_bias,
             )
         self.encoder = Encoder(self.config)
         if self.add_pooling_layer:
@@ -490,7 +520,7 @@ class BertModel(nn.Module):
         embedded = self.project(embedded)
         causal = self.config.causal
         mask = attention_mask(input_mask, instance_ids, causal)
-        x, hidden = self.encoder(embedded, mask, deterministic, output_hidden_states)
+        x, hidden = self.encoder(embedded, mask, deterministic, output_hidden_states, position_ids)
         pooled = None
         if self.add_pooling_layer:
             if cls_positions is None:

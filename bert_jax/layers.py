@@ -1,0 +1,175 @@
+"""The attention primitives the encoder composes by config: masks, positions, the gated FFN.
+
+Pure jnp functions, no parameters: `bert_jax.model` builds the layers around them. BERT uses
+the padding (and packing, and causal) mask alone; ModernBERT adds rotary positions (RoFormer,
+Su et al. 2021) with one base for global and one for local layers and a sliding window of
+local attention; MosaicBERT adds ALiBi (Press et al. 2022) distance biases; both gate their
+feed-forward (GeGLU, Shazeer 2020).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.config import BertConfig
+
+
+def attention_mask(
+    input_mask: jax.Array, instance_ids: jax.Array | None = None, causal: bool = False
+) -> jax.Array:
+    """Which keys each query attends, as a boolean mask broadcastable to (B, A, T, S).
+
+    Unpacked rows, (B, T) 1/0 `input_mask` -> (B, 1, 1, S): every query attends the real
+    tokens. Packed rows, (B, T) `instance_ids` (1, 2, ... per instance, 0 on padding) ->
+    (B, 1, T, S) block-diagonal: a token attends only its own instance, and padding attends
+    nothing and is attended by nothing. `causal` ANDs in the lower triangle (B, 1, T, S):
+    query t attends keys s <= t only (within its instance, when packed, since instances
+    are contiguous).
+    """
+    if instance_ids is None:
+        mask = (input_mask > 0)[:, None, None, :]  # (B, 1, 1, S)
+    else:
+        same = instance_ids[:, :, None] == instance_ids[:, None, :]  # (B, T, S)
+        mask = (same & (instance_ids[:, None, :] > 0))[:, None]  # (B, 1, T, S)
+    if causal:
+        length = input_mask.shape[1]
+        mask = mask & jnp.tril(jnp.ones((length, length), bool))[None, None]  # (B, 1, T, S)
+    return mask
+
+
+def last_token_positions(
+    input_mask: jax.Array, instance_ids: jax.Array | None = None, num_instances: int = 0
+) -> jax.Array:
+    """Where each row's (or, packed, each instance slot's) last real token is.
+
+    (B, T) -> (B,) positions; packed, (B, T) `instance_ids` -> (B, I) positions for the I
+    slots, 0 for an empty slot. The highest real position, not the count minus one, so a
+    mask need not be a prefix.
+    """
+    positions = jnp.arange(input_mask.shape[1])  # (T,)
+    if instance_ids is None:
+        return jnp.max(jnp.where(input_mask > 0, positions, 0), axis=1)  # (B,)
+    slots = jnp.arange(1, num_instances + 1)  # (I,)
+    in_slot = instance_ids[:, None, :] == slots[None, :, None]  # (B, I, T)
+    return jnp.max(jnp.where(in_slot, positions, 0), axis=2)  # (B, I)
+
+
+def attention_bias(mask: jax.Array) -> jax.Array:
+    """A boolean attention mask -> the additive f32 bias: 0 where attended, -inf-ish elsewhere.
+
+    A query that attends nothing (packed padding) gets the same bias on every key, hence
+    uniform (finite) probabilities over junk it never passes on.
+    """
+    big_negative = jnp.finfo(jnp.float32).min
+    return jnp.where(mask, 0.0, big_negative).astype(jnp.float32)
+
+
+def window_mask(length: int, window: int) -> jax.Array:
+    """(1, 1, T, S) bool: query i attends key j iff |i - j| <= window // 2.
+
+    ModernBERT's sliding window (its `local_attention`, the whole width W). Token indices,
+    not positions: within a packed instance they differ alike, and ANDed with the packing
+    mask the window never reaches into a neighbouring instance.
+    """
+    index = np.arange(length)
+    near = np.abs(index[:, None] - index[None, :]) <= window // 2
+    return jnp.asarray(near)[None, None]
+
+
+def rotary_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, ...]:
+    """cos and sin, each (B or 1, T, D), of RoFormer's angles position * theta^(-2i/D).
+
+    The D/2 frequencies are laid out twice over the head (rotate-half, not interleaved
+    pairs), as GPT-NeoX and ModernBERT do; angles are f32.
+    """
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # (B, T, D/2)
+    angles = jnp.concatenate([angles, angles], axis=-1)  # (B, T, D)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x: jax.Array, tables: tuple[jax.Array, ...]) -> jax.Array:
+    """Rotates (B, T, A, D) queries or keys by their positions' angles (`rotary_tables`).
+
+    Dimension i pairs with i + D/2: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), so that
+    a query-key product depends on the positions only through their difference.
+    """
+    cos, sin = (t[:, :, None, :] for t in tables)  # (B, T, 1, D)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return x * cos + rotated * sin
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """Press et al.'s head slopes: for A a power of two, 2^(-8h/A) for h = 1..A.
+
+    Otherwise the A' = 2^floor(log2 A) slopes of A', then the odd-numbered slopes of 2A'
+    (2^(-8h/2A') for h = 1, 3, 5, ...) until there are A: the geometric sequence
+    interleaved, as the paper's code extends it.
+    """
+    base = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2.0 ** (-8.0 * h / base) for h in range(1, base + 1)]
+    extra = [2.0 ** (-8.0 * h / (2 * base)) for h in range(1, 2 * base + 1, 2)]
+    return np.asarray(slopes + extra[: num_heads - base], np.float32)
+
+
+def alibi_bias(positions: jax.Array, num_heads: int) -> jax.Array:
+    """(B or 1, A, T, S) f32: -slope_a * |p_i - p_j|, the symmetric distance MosaicBERT uses
+    for a bidirectional encoder (Press et al.'s causal form sees only j <= i)."""
+    distance = jnp.abs(positions[:, :, None] - positions[:, None, :]).astype(jnp.float32)
+    slopes = jnp.asarray(alibi_slopes(num_heads))[None, :, None, None]  # (1, A, 1, 1)
+    return -slopes * distance[:, None]
+
+
+def gated(h: jax.Array, act: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """GLU: (..., 2, F) input and gate halves -> act(input) * gate (..., F)."""
+    return act(h[..., 0, :]) * h[..., 1, :]
+
+
+class AttentionInputs(NamedTuple):
+    """What a layer's attention takes besides its input: one per kind of layer."""
+
+    mask: jax.Array  # (B, 1, 1 or T, S) bool: which keys each query attends
+    bias: jax.Array | None  # (B or 1, A, T, S) f32 added to the logits (ALiBi), or None
+    rotary: tuple[jax.Array, ...] | None  # (cos, sin) each (B or 1, T, D), or None
+
+
+def attention_inputs(
+    config: BertConfig, mask: jax.Array, positions: jax.Array
+) -> tuple[AttentionInputs, AttentionInputs | None]:
+    """The attention inputs of global layers and of local ones (None: every layer global).
+
+    `mask` is `attention_mask`'s, `positions` (B or 1, T) each token's position in its
+    instance: the rotary angles and ALiBi distances restart with every packed instance.
+    """
+    cfg = config
+    bias = (
+        alibi_bias(positions, cfg.num_attention_heads) if cfg.position_encoding == "alibi" else None
+    )
+
+    def rotary(theta):
+        if cfg.position_encoding != "rotary":
+            return None
+        return rotary_tables(positions, cfg.head_dim, theta)
+
+    global_inputs = AttentionInputs(mask, bias, rotary(cfg.rope_theta))
+    if not cfg.local_attention_window:
+        return global_inputs, None
+    local_mask = mask & window_mask(positions.shape[1], cfg.local_attention_window)
+    local_theta = cfg.local_rope_theta or cfg.rope_theta
+    return global_inputs, AttentionInputs(local_mask, bias, rotary(local_theta))
+
+
+def select(condition, if_true, if_false):
+    """`if_true` where `condition` else `if_false`, leaf by leaf: decided in Python when the
+    condition is a Python bool (a looped layer knows its index), by `jnp.where` when it is
+    traced (a scanned layer's index is a scan input)."""
+    if isinstance(condition, bool | np.bool_):
+        return if_true if condition else if_false
+    return jax.tree.map(lambda a, b: jnp.where(condition, a, b), if_true, if_false)
