@@ -17,7 +17,7 @@ from bert_jax.convert.electra import read_electra_train_state, save_hf_electra
 from bert_jax.convert.export import save_hf
 from bert_jax.convert.load import load_pretrained
 from bert_jax.convert.names import with_layout
-from bert_jax.convert.readers import detect_format, save_params
+from bert_jax.convert.readers import detect_format, save_params, tokenizer_files
 
 log = logging.getLogger("bert_jax.convert")
 
@@ -28,7 +28,8 @@ def _define_flags():
     flags.DEFINE_string(
         "input",
         None,
-        "Google TF checkpoint (prefix or directory), HF directory or params-only Orbax directory.",
+        "Google TF checkpoint (prefix or directory), HF directory (BERT or ModernBERT) or "
+        "params-only Orbax directory.",
         required=True,
     )
     flags.DEFINE_string(
@@ -91,7 +92,9 @@ def main(argv) -> None:
         FLAGS.input, model="auto", config_file=FLAGS.bert_config_file
     )
     vocab_file = FLAGS.vocab_file or vocab_file
-    if vocab_file is None:
+    # A HF directory's tokenizer (ModernBERT's is tokenizer.json alone, without vocab.txt).
+    tokenizer = tokenizer_files(FLAGS.input)
+    if vocab_file is None and not tokenizer:
         log.warning("No vocab.txt beside %s and no --vocab_file: none written", FLAGS.input)
     if FLAGS.format == "hf":
         save_hf(
@@ -99,13 +102,21 @@ def main(argv) -> None:
             config,
             params,
             vocab_file=vocab_file,
+            tokenizer=tokenizer,
             do_lower_case=FLAGS.do_lower_case,
             overwrite=FLAGS.overwrite,
         )
     else:
         config = config.replace(scan_layers=FLAGS.scan_layers)
         params = with_layout(params, FLAGS.scan_layers, config.num_hidden_layers)
-        save_params(FLAGS.output, config, params, vocab_file=vocab_file, overwrite=FLAGS.overwrite)
+        save_params(
+            FLAGS.output,
+            config,
+            params,
+            vocab_file=vocab_file,
+            tokenizer=tokenizer,
+            overwrite=FLAGS.overwrite,
+        )
     print(f"wrote {FLAGS.output}")
 
 

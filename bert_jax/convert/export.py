@@ -5,82 +5,72 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
 
 from bert_jax.config import BertConfig
+from bert_jax.convert.families import family_of
 from bert_jax.convert.names import (
-    HEAD_SPECS,
-    POOLER_SPECS,
+    WORD_EMBEDDINGS,
     ConversionError,
-    Params,
+    TensorSpec,
     as_numpy,
-    encoder_specs,
     get_path,
     with_layout,
 )
-from bert_jax.convert.readers import check_vocab, writing_dir
+from bert_jax.convert.readers import check_vocab, copy_files, writing_dir
 
 log = logging.getLogger(__name__)
 
 
-def _hf_architecture(params: Params, causal: bool = False) -> str:
-    heads = frozenset(params) - {"bert"} if "bert" in params else frozenset()
-    if causal and heads == {"mlm"}:  # the "ltr" objective's model: a left-to-right LM
-        return "BertLMHeadModel"
-    if heads == {"classifier"}:
-        pooled = "pooler" in params["bert"]
-        return "BertForSequenceClassification" if pooled else "BertForTokenClassification"
-    architectures = {
-        frozenset(): "BertModel",
-        frozenset({"mlm", "nsp"}): "BertForPreTraining",
-        frozenset({"mlm"}): "BertForMaskedLM",
-        frozenset({"nsp"}): "BertForNextSentencePrediction",
-        frozenset({"qa_outputs"}): "BertForQuestionAnswering",
-    }
-    if heads not in architectures:
-        raise ConversionError(f"no transformers model has exactly the heads {sorted(heads)}")
-    return architectures[heads]
-
-
 def to_hf_state_dict(config: BertConfig, params: Mapping) -> tuple[dict[str, np.ndarray], str]:
-    """Our params (either layout) -> (HF state dict in float32, transformers class name)."""
+    """Our params (either layout) -> (HF state dict in float32, transformers class name), in
+    the names of the config's family (`families.family_of`: BERT's or ModernBERT's)."""
     if config.embedding_width != config.hidden_size:
         raise ConversionError(
             f"embedding_size {config.embedding_size} != hidden_size {config.hidden_size}: "
             "transformers' Bert classes have no embedding projection (an ELECTRA model "
             "exports with bert_jax.convert.electra)"
         )
+    family = family_of(config)
     params = with_layout(as_numpy(params), scan_layers=False, num_layers=config.num_hidden_layers)
-    arch = _hf_architecture(params, config.causal)
+    arch = family.architecture(params, config)
     enc = params.get("bert", params)
-    prefix = "bert." if "bert" in params else ""
-    parts = [(prefix, enc, spec) for spec in encoder_specs(config.num_hidden_layers)]
+    prefix = family.hf_prefix if "bert" in params else ""
+    encoder = family.encoder(config)
+    parts = [(prefix, enc, spec) for spec in encoder]
     if "pooler" in enc:
-        parts += [(prefix, enc, spec) for spec in POOLER_SPECS]
+        parts += [(prefix, enc, spec) for spec in family.pooler]
+    heads = family.heads(config)
     for head in sorted(set(params) - {"bert"} if prefix else ()):
-        parts += [("", params, spec) for spec in HEAD_SPECS[head]]
+        parts += [("", params, spec) for spec in heads[head]]
 
-    state = {}
+    state: dict[str, np.ndarray] = {}
+    fused: dict[str, dict[int, np.ndarray]] = {}  # key -> its blocks (ModernBERT's Wqkv)
     for key_prefix, tree, spec in parts:
         try:
-            value = np.asarray(get_path(tree, spec.path), dtype=np.float32)
+            value = get_path(tree, spec.path)
         except KeyError:
             raise ConversionError(
                 f"params have no {spec.ours!r} (config has {config.num_hidden_layers} layers)"
             ) from None
-        value = value.reshape(spec.flat_shape(value.shape))
-        state[key_prefix + spec.hf] = np.ascontiguousarray(value.T if spec.hf_t else value)
+        if spec.hf_fill is not None:  # HF has no such tensor
+            continue
+        if spec.part:
+            fused.setdefault(key_prefix + spec.hf, {})[spec.part[0]] = spec.to_hf(value)
+        else:
+            state[key_prefix + spec.hf] = spec.to_hf(value)
+    for key, blocks in fused.items():
+        state[key] = np.concatenate([blocks[i] for i in sorted(blocks)], axis=0)
     num_leaves = len(jax.tree_util.tree_leaves(params))
-    if len(state) != num_leaves:
+    if len(parts) != num_leaves:
         raise ConversionError(
-            f"params have {num_leaves} tensors but {len(state)} have HF names: more layers than "
+            f"params have {num_leaves} tensors but {len(parts)} have HF names: more layers than "
             f"num_hidden_layers={config.num_hidden_layers}?"
         )
-    word = state[prefix + "embeddings.word_embeddings.weight"]
+    word = state[prefix + _hf_name(encoder, WORD_EMBEDDINGS)]
     if word.shape != (config.vocab_size, config.hidden_size):
         raise ConversionError(
             f"word_embeddings has shape {word.shape} but the config says "
@@ -89,28 +79,36 @@ def to_hf_state_dict(config: BertConfig, params: Mapping) -> tuple[dict[str, np.
     return state, arch
 
 
+def _hf_name(specs: list[TensorSpec], path: tuple[str, ...]) -> str:
+    return next(spec.hf for spec in specs if spec.path == path)
+
+
 def save_hf(
     output_dir: str | os.PathLike,
     config: BertConfig,
     params: Mapping,
     *,
     vocab_file: str | None = None,
+    tokenizer: Sequence[str] = (),
     do_lower_case: bool | None = None,
     overwrite: bool = False,
 ) -> str:
-    """Writes config.json + model.safetensors (+ vocab.txt, tokenizer_config.json).
+    """Writes config.json + model.safetensors (+ vocab.txt, the `tokenizer` files copied
+    under their names, tokenizer_config.json from `do_lower_case`).
 
     `transformers.BertForPreTraining.from_pretrained(output_dir)` loads it when `params`
     has MLM and NSP heads; an encoder alone is a BertModel, a fine-tuned head the
     matching BertFor* class (named in config.json's `architectures`); a causal model with
-    an MLM head alone (the "ltr" objective) a `BertLMHeadModel`.
+    an MLM head alone (the "ltr" objective) a `BertLMHeadModel`. A ModernBERT config
+    (`families.family_of`) writes a `ModernBertModel`, or with the MLM head a
+    `ModernBertForMaskedLM`.
     """
     from safetensors.numpy import save_file
 
     output_dir = os.fspath(output_dir)
     check_vocab(vocab_file, config)
     state, arch = to_hf_state_dict(config, params)
-    hf_config = {**config.to_hf_dict(), "architectures": [arch]}
+    hf_config = {**family_of(config).hf_config(config), "architectures": [arch]}
     if arch in ("BertForSequenceClassification", "BertForTokenClassification"):
         labels = state["classifier.bias"].shape[0]
         hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(labels)}
@@ -119,8 +117,7 @@ def save_hf(
         save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
             json.dump(hf_config, f, indent=2, sort_keys=True)
-        if vocab_file:
-            shutil.copyfile(vocab_file, os.path.join(tmp, "vocab.txt"))
+        copy_files(tmp, vocab_file, tokenizer)
         if do_lower_case is not None:
             with open(os.path.join(tmp, "tokenizer_config.json"), "w", encoding="utf-8") as f:
                 json.dump({"do_lower_case": do_lower_case, "tokenizer_class": "BertTokenizer"}, f)

@@ -11,15 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.config import BertConfig
+from bert_jax.convert.families import family_of
 from bert_jax.convert.names import (
-    HEAD_SPECS,
     LAYER_INDEX,
-    POOLER_SPECS,
-    PROJECT_SPECS,
-    TIED_DECODER,
     ConversionError,
+    Family,
     Params,
-    encoder_specs,
     get_path,
     set_path,
     stack_layers,
@@ -31,11 +28,11 @@ from bert_jax.model import BertModel
 log = logging.getLogger(__name__)
 
 
-def _module_for(model: str | nn.Module, config: BertConfig) -> nn.Module:
+def _module_for(model: str | nn.Module, config: BertConfig, family: Family) -> nn.Module:
     if model == "pretraining":
         return BertForPreTraining(config)
-    if model == "encoder":
-        return BertModel(config)
+    if model == "encoder":  # with a pooler where the family has one (BERT's)
+        return BertModel(config, add_pooling_layer=bool(family.pooler))
     if isinstance(model, nn.Module):
         return model.clone(config=config)
     raise ValueError(f"model must be 'pretraining', 'encoder', 'auto' or a flax Module: {model!r}")
@@ -58,8 +55,8 @@ def _fresh(module: nn.Module, paths: list[tuple[str, ...]], rng: jax.Array) -> d
     return {tuple(k.split("/")): jax.tree_util.tree_map(np.asarray, v) for k, v in out.items()}
 
 
-def _check_tied(source: Source) -> None:
-    for copy, original in TIED_DECODER.items():
+def _check_tied(source: Source, family: Family) -> None:
+    for copy, original in family.tied.items():
         if copy in source.shapes and original in source.shapes:
             if not np.array_equal(source.read(copy), source.read(original)):
                 raise ConversionError(
@@ -69,7 +66,7 @@ def _check_tied(source: Source) -> None:
                 )
 
 
-def _fill(source: Source, module: nn.Module, config: BertConfig, rng) -> Params:
+def _fill(source: Source, module: nn.Module, config: BertConfig, family: Family, rng) -> Params:
     """Our looped params for `module`, from `source` where it has them, else fresh."""
     shapes = jax.eval_shape(lambda r: module.init(r, *_init_args(module)), jax.random.key(0))
     template = nn.meta.unbox(shapes["params"])
@@ -78,17 +75,15 @@ def _fill(source: Source, module: nn.Module, config: BertConfig, rng) -> Params:
     enc_template = get_path(template, enc_prefix)
 
     params: Params = {}
-    specs = encoder_specs(config.num_hidden_layers)
-    if "embeddings_project" in enc_template:  # embedding_size != hidden_size (ELECTRA-Small)
-        specs += PROJECT_SPECS
-    for spec in specs:
+    for spec in family.encoder(config):
         value = source.take(spec, get_path(enc_template, spec.path).shape, dtype)
         set_path(params, (*enc_prefix, *spec.path), value)
 
     # Parts a checkpoint may lack: the pooler (token-level models drop it) and the heads.
-    optional = [(enc_prefix, "pooler", POOLER_SPECS)] if "pooler" in enc_template else []
+    optional = [(enc_prefix, "pooler", family.pooler)] if "pooler" in enc_template else []
     if enc_prefix:  # everything beside `bert` is a head
-        optional += [((), head, HEAD_SPECS.get(head, [])) for head in template if head != "bert"]
+        heads = family.heads(config)
+        optional += [((), head, heads.get(head, [])) for head in template if head != "bert"]
     missing = []
     for root, name, specs in optional:
         if not any(source.has(spec) for spec in specs):
@@ -98,7 +93,7 @@ def _fill(source: Source, module: nn.Module, config: BertConfig, rng) -> Params:
             shape = get_path(get_path(template, root), spec.path).shape
             set_path(params, (*root, *spec.path), source.take(spec, shape, dtype))
     if source.naming == "hf":
-        _check_tied(source)
+        _check_tied(source, family)
 
     leftover = source.leftover()
     extra_layers = sorted({int(m.group(2)) for n in leftover if (m := LAYER_INDEX.search(n))})
@@ -170,14 +165,16 @@ def load_source(
             raise ConversionError(f"{source.location}: no config file found; pass a config")
         config = source.config
     check_vocab(source.vocab_file, config)
+    family = family_of(config)
     if model == "auto":
-        mlm, nsp = (any(source.has(s) for s in HEAD_SPECS[h]) for h in ("mlm", "nsp"))
+        heads = family.heads(config)
+        mlm, nsp = (any(source.has(s) for s in heads.get(h, [])) for h in ("mlm", "nsp"))
         if mlm and not nsp:
             model = BertForPreTraining(config, next_sentence=False)
         else:
             model = "pretraining" if mlm and nsp else "encoder"
     looped = config.replace(scan_layers=False)
-    params = _fill(source, _module_for(model, looped), looped, rng)
+    params = _fill(source, _module_for(model, looped, family), looped, family, rng)
     if config.scan_layers:
         root = params["bert"] if "bert" in params else params
         root["encoder"] = stack_layers(root["encoder"], config.num_hidden_layers)

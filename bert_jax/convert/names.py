@@ -4,8 +4,9 @@ One table (`TensorSpec`s) names every parameter three ways: its path in our Flax
 its Hugging Face state-dict key and its Google TF variable name, with the reshape and
 transpose between them. Our kernels are reshapes of Google's (in, out) matrices
 (`(H, A, D)` for query/key/value, `(A, D, H)` for the attention output); torch `Linear`
-stores (out, in). Also here: moving between the looped (`layer_N`) and scanned (`layers`,
-stacked on axis 0) encoder layouts.
+stores (out, in). A `Family` gathers one model family's tables (BERT's here, ModernBERT's in
+`modernbert`) for the generic reading and writing code. Also here: moving between the looped
+(`layer_N`) and scanned (`layers`, stacked on axis 0) encoder layouts.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import flax.linen as nn
 import jax
 import numpy as np
+
+from bert_jax.config import BertConfig
 
 Params = dict[str, Any]
 
@@ -37,6 +40,12 @@ class TensorSpec:
     split: int | None = None  # how many of our leading axes form Google's `in`; None: flat
     hf_t: bool = False  # HF stores the transpose of Google's layout (torch Linear: out, in)
     tf_t: bool = False  # Google stores (out, in) too (NSP and task `output_weights`)
+    # (i, n): the HF tensor holds n such tensors on its axis 0 and this is the i-th (ModernBERT's
+    # fused Wqkv: query, key, value); None: the HF tensor is this one alone.
+    part: tuple[int, int] | None = None
+    # HF has no such tensor (ModernBERT's layer 0 has no attn_norm): imported as this
+    # constant, never exported; None: HF has it.
+    hf_fill: float | None = None
 
     @property
     def ours(self) -> str:
@@ -54,7 +63,21 @@ class TensorSpec:
             return tuple(shape)
         transposed = self.hf_t if naming == "hf" else self.tf_t
         flat = self.flat_shape(shape)
-        return flat[::-1] if transposed else flat
+        flat = flat[::-1] if transposed else flat
+        if naming == "hf" and self.part:  # the whole fused tensor
+            return (flat[0] * self.part[1], *flat[1:])
+        return flat
+
+    def to_hf(self, value: np.ndarray) -> np.ndarray:
+        """Our parameter as HF stores it (its block of a fused tensor), float32."""
+        value = np.asarray(value, dtype=np.float32).reshape(self.flat_shape(value.shape))
+        return np.ascontiguousarray(value.T if self.hf_t else value)
+
+    def from_hf(self, value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """The HF tensor (the whole fused one) as our parameter of `shape`."""
+        if self.part:
+            value = np.split(value, self.part[1], axis=0)[self.part[0]]
+        return (value.T if self.hf_t else value).reshape(shape)
 
 
 def _dense(path, hf, tf, split=1) -> list[TensorSpec]:
@@ -159,8 +182,70 @@ TIED_DECODER = {  # HF copies of tied tensors -> the tensor they must equal
 }
 # Buffers and optimiser state that are not parameters.
 IGNORED_NAMES = re.compile(r"(^|[./])(position_ids|global_step)$|/adam_[mv]$|^bad_steps$")
-# An encoder layer's index in a HF, Google or our (looped) name.
-LAYER_INDEX = re.compile(r"(encoder\.layer\.|encoder/layer_)(\d+)[./]")
+# An encoder layer's index in a HF (BERT's, ModernBERT's), Google or our (looped) name.
+LAYER_INDEX = re.compile(r"(encoder\.layer\.|encoder/layer_|^layers\.)(\d+)[./]")
+# Our path of the word-embedding table (its HF name checks an export's vocab_size).
+WORD_EMBEDDINGS = ("embeddings", "word_embeddings", "embedding")
+
+
+def bert_architecture(params: Params, causal: bool = False) -> str:
+    """The transformers Bert class of our params (looped, numpy): by their heads."""
+    heads = frozenset(params) - {"bert"} if "bert" in params else frozenset()
+    if causal and heads == {"mlm"}:  # the "ltr" objective's model: a left-to-right LM
+        return "BertLMHeadModel"
+    if heads == {"classifier"}:
+        pooled = "pooler" in params["bert"]
+        return "BertForSequenceClassification" if pooled else "BertForTokenClassification"
+    architectures = {
+        frozenset(): "BertModel",
+        frozenset({"mlm", "nsp"}): "BertForPreTraining",
+        frozenset({"mlm"}): "BertForMaskedLM",
+        frozenset({"nsp"}): "BertForNextSentencePrediction",
+        frozenset({"qa_outputs"}): "BertForQuestionAnswering",
+    }
+    if heads not in architectures:
+        raise ConversionError(f"no transformers model has exactly the heads {sorted(heads)}")
+    return architectures[heads]
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One model family's tables and HF conventions, read and written by the generic code
+    (`load`, `readers`, `export`). Tables are functions of our config (`BertConfig`), whose
+    switches add or drop tensors."""
+
+    model_type: str  # transformers' config.json `model_type`
+    encoder: Callable[[BertConfig], list[TensorSpec]]  # embeddings, layers (+ a final norm)
+    heads: Callable[[BertConfig], dict[str, list[TensorSpec]]]  # by their name in our trees
+    pooler: list[TensorSpec]  # empty: the family has no pooler
+    hf_prefix: str  # the encoder's key prefix in HF task models (none in the bare encoder)
+    head_keys: tuple[str, ...]  # how HF head keys (outside the prefix) begin
+    tied: dict[str, str]  # HF copies of tied tensors -> the tensor they must equal
+    architecture: Callable[[Params, BertConfig], str]  # our params, config -> transformers class
+    hf_config: Callable[[BertConfig], dict[str, Any]]  # our config -> its config.json
+    from_hf_config: Callable[
+        [dict[str, Any], str], BertConfig
+    ]  # config.json (and its path) -> ours
+
+
+def _bert_encoder(config) -> list[TensorSpec]:
+    specs = encoder_specs(config.num_hidden_layers)
+    # The E -> H projection of narrower embeddings (ELECTRA-Small): Google's name is ELECTRA's.
+    return specs + (PROJECT_SPECS if config.embedding_width != config.hidden_size else [])
+
+
+BERT = Family(
+    model_type="bert",
+    encoder=_bert_encoder,
+    heads=lambda config: HEAD_SPECS,
+    pooler=POOLER_SPECS,
+    hf_prefix="bert.",
+    head_keys=("cls.", "classifier.", "qa_outputs."),
+    tied=TIED_DECODER,
+    architecture=lambda params, config: bert_architecture(params, config.causal),
+    hf_config=lambda config: config.to_hf_dict(),
+    from_hf_config=BertConfig.from_dict,
+)
 
 
 # --- Trees ------------------------------------------------------------------------------------

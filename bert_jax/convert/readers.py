@@ -2,9 +2,10 @@
 
 `open_source(path)` finds the format (`detect_format`) and returns a `Source`: tensor
 names and shapes, with values read one at a time (so a BERT-Large import never holds two
-copies of the weights), plus the config and vocab.txt found beside them. `save_params` /
-`load_params` are this project's params-only Orbax format: `params/` (an Orbax
-StandardCheckpointer directory) + `config.json` (+ `vocab.txt`).
+copies of the weights), plus the config and vocab.txt found beside them (a HF config.json is
+read as its `model_type`'s family reads it: `families`). `save_params` / `load_params` are
+this project's params-only Orbax format: `params/` (an Orbax StandardCheckpointer directory) +
+`config.json` (+ `vocab.txt` and the tokenizer files a HF directory had).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from bert_jax.config import BertConfig
+from bert_jax.convert import families
 from bert_jax.convert.names import (
     IGNORED_NAMES,
     ConversionError,
@@ -70,6 +72,8 @@ class Source:
 
     def take(self, spec: TensorSpec, shape: tuple[int, ...], dtype) -> np.ndarray:
         """Our parameter for `spec`, of `shape`; names the tensor if it is absent or wrong."""
+        if self.naming == "hf" and spec.hf_fill is not None:  # a tensor HF does not have
+            return np.full(shape, spec.hf_fill, dtype)
         name = self.name(spec)
         expected = spec.stored_shape(shape, self.naming)
         if name not in self.shapes:
@@ -87,9 +91,11 @@ class Source:
                 "type_vocab_size) match the checkpoint?"
             )
         value = self.read(name)
-        if spec.hf_t if self.naming == "hf" else spec.tf_t if self.naming == "tf" else False:
-            value = value.T
-        return np.ascontiguousarray(value.reshape(shape).astype(dtype))
+        if self.naming == "hf":
+            value = spec.from_hf(value, shape)
+        else:
+            value = (value.T if self.naming == "tf" and spec.tf_t else value).reshape(shape)
+        return np.ascontiguousarray(value.astype(dtype))
 
     def leftover(self) -> list[str]:
         """Names never read, less buffers and optimiser slots."""
@@ -155,11 +161,12 @@ def _hf_source(directory: str) -> Source:
                 view = handle.get_slice(key)
                 shapes[key] = tuple(view.get_shape())
                 where[key] = (path, view.get_dtype())
-    # BertModel keys have no prefix, BertFor* models put `bert.` before the encoder's; old
-    # checkpoints call the LayerNorm parameters gamma and beta.
+    # BertModel (ModernBertModel) keys have no prefix, BertFor* (ModernBertFor*) models put
+    # `bert.` (`model.`) before the encoder's; old checkpoints call the LayerNorm parameters
+    # gamma and beta.
     original = {}
     for key in shapes:
-        name = key.removeprefix("bert.")
+        name = families.HF_PREFIX.sub("", key)
         name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
         name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
         if name in original:
@@ -172,13 +179,13 @@ def _hf_source(directory: str) -> Source:
         with safe_open(path, framework="flax" if dtype == "BF16" else "np") as handle:
             return np.asarray(handle.get_tensor(original[name]))
 
-    # Name absent tensors as this checkpoint would: with `bert.` if its encoder has it.
-    prefix = "bert." if any(k.startswith("bert.") for k in shapes) else ""
+    # Name absent tensors as this checkpoint would: with `bert.` (`model.`) if its encoder has it.
+    prefix = next((m.group(1) for k in shapes if (m := families.HF_PREFIX.match(k))), "")
 
     def display(name: str) -> str:
         if name in original:
             return original[name]
-        return name if name.startswith(("cls.", "classifier.", "qa_outputs.")) else prefix + name
+        return name if name.startswith(families.HEAD_KEYS) else prefix + name
 
     config_file = _found(directory, "config.json")
     return Source(
@@ -186,7 +193,7 @@ def _hf_source(directory: str) -> Source:
         "hf",
         {name: shapes[key] for name, key in original.items()},
         read,
-        BertConfig.from_json_file(config_file) if config_file else None,
+        families.read_config(config_file) if config_file else None,
         _found(directory, "vocab.txt"),
         display,
     )
@@ -379,8 +386,20 @@ def open_source(path: str | os.PathLike, config_file: str | None = None) -> Sour
             config, params, vocab_file = load_params(path)
         source = _ours_source(path, config, params, vocab_file)
     if config_file:
-        source.config = BertConfig.from_json_file(config_file)
+        source.config = families.read_config(config_file)
     return source
+
+
+# A HF directory's tokenizer beside vocab.txt (ModernBERT's has no vocab.txt): copied as is.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def tokenizer_files(path: str | os.PathLike) -> list[str]:
+    """The `TOKENIZER_FILES` in directory `path` (none for a checkpoint prefix or a file)."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return []
+    return [found for name in TOKENIZER_FILES if (found := _found(path, name))]
 
 
 # --- Writing directories ----------------------------------------------------------------------
@@ -422,6 +441,14 @@ def _modes_from_umask(directory: str) -> None:
             os.chmod(os.path.join(root, name), file_mode)
 
 
+def copy_files(directory: str, vocab_file: str | None, tokenizer: Sequence[str]) -> None:
+    """Copies `vocab_file` (as vocab.txt) and the `tokenizer` files into `directory`."""
+    if vocab_file:
+        shutil.copyfile(vocab_file, os.path.join(directory, "vocab.txt"))
+    for path in tokenizer:
+        shutil.copyfile(path, os.path.join(directory, os.path.basename(path)))
+
+
 # --- Params-only Orbax ------------------------------------------------------------------------
 
 
@@ -431,17 +458,20 @@ def save_params(
     params: Mapping,
     *,
     vocab_file: str | None = None,
+    tokenizer: Sequence[str] = (),
     overwrite: bool = False,
 ) -> str:
-    """Writes `params/` (Orbax StandardCheckpointer) + `config.json` (+ `vocab.txt`)."""
+    """Writes `params/` (Orbax StandardCheckpointer) + `config.json` (+ `vocab.txt`, and the
+    `tokenizer` files copied under their names)."""
     import orbax.checkpoint as ocp
 
     output_dir = os.fspath(output_dir)
     check_vocab(vocab_file, config)
     with writing_dir(output_dir, overwrite) as tmp:
-        config.write_json(os.path.join(tmp, "config.json"), flavour="hf")
-        if vocab_file:
-            shutil.copyfile(vocab_file, os.path.join(tmp, "vocab.txt"))
+        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(families.ours_config_dict(config), f, indent=2, sort_keys=True)
+            f.write("\n")
+        copy_files(tmp, vocab_file, tokenizer)
         checkpointer = ocp.StandardCheckpointer()
         checkpointer.save(os.path.join(tmp, "params"), as_numpy(params))
         checkpointer.wait_until_finished()
@@ -453,7 +483,7 @@ def load_params(directory: str | os.PathLike) -> tuple[BertConfig, Params, str |
     import orbax.checkpoint as ocp
 
     directory = os.path.abspath(os.fspath(directory))
-    config = BertConfig.from_json_file(os.path.join(directory, "config.json"))
+    config = families.read_config(os.path.join(directory, "config.json"))
     params = as_numpy(ocp.StandardCheckpointer().restore(os.path.join(directory, "params")))
     # config.json does not record the layout; the params do.
     scanned = "layers" in params.get("bert", params)["encoder"]
