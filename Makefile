@@ -31,11 +31,16 @@ $(STAMP): setup.cfg pyproject.toml
 
 install: $(STAMP)  ## create .venv with every pinned dependency
 
+# Two pytest workers, each taking whole test files (module fixtures are built once): XLA's
+# compiles are single-threaded, so one worker leaves part of the second core idle.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadfile
+
 test: $(STAMP)  ## the test suite (CPU, 8 fake devices), without the extended and slow tiers
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m "not slow and not extended" --durations=25 tests
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q $(XDIST) -m "not slow and not extended" --durations=25 tests
 
 test-extended: $(STAMP)  ## the extended tier: minute-long end-to-end tests (CI runs it after make test)
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m "extended and not slow" --durations=10 tests
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q $(XDIST) -m "extended and not slow" --durations=10 tests
 
 test-slow: $(STAMP)  ## only the slow tier
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m slow tests
