@@ -132,21 +132,102 @@ def gated(h: jax.Array, act: Callable[[jax.Array], jax.Array]) -> jax.Array:
     return act(h[..., 0, :]) * h[..., 1, :]
 
 
-class AttentionInputs(NamedTuple):
-    """What a layer's attention takes besides its input: one per kind of layer."""
+def segment_ids(input_mask: jax.Array, instance_ids: jax.Array | None = None) -> jax.Array:
+    """(B, T) int32: which instance each token is in, 0 on padding (unpacked rows: 1 for
+    every real token). Blocked local attention builds its masks from these, block by block."""
+    if instance_ids is None:
+        return (input_mask > 0).astype(jnp.int32)
+    return instance_ids.astype(jnp.int32)
 
-    mask: jax.Array  # (B, 1, 1 or T, S) bool: which keys each query attends
-    bias: jax.Array | None  # (B or 1, A, T, S) f32 added to the logits (ALiBi), or None
+
+def local_block_size(window: int) -> int:
+    """r = W // 2 (at least 1): a query block of r tokens reaches no further than the r
+    keys before and after it, so its own block and its two neighbours hold every key."""
+    return max(window // 2, 1)
+
+
+def query_blocks(x: jax.Array, block: int) -> jax.Array:
+    """(B, T, ...) -> (B, n, r, ...), n = ceil(T / r): T padded with zeros at the end."""
+    batch, length = x.shape[:2]
+    count = -(-length // block)
+    pad = [(0, 0), (0, count * block - length)] + [(0, 0)] * (x.ndim - 2)
+    return jnp.pad(x, pad).reshape(batch, count, block, *x.shape[2:])
+
+
+def key_blocks(x: jax.Array, block: int) -> jax.Array:
+    """(B, T, ...) -> (B, n, 3r, ...): query block i's keys, blocks i - 1, i and i + 1
+    (zeros beyond either end), so that a local layer's scores are (n, r, 3r), not (T, T)."""
+    padded = query_blocks(jnp.pad(x, [(0, 0), (block, block)] + [(0, 0)] * (x.ndim - 2)), block)
+    return jnp.concatenate([padded[:, :-2], padded[:, 1:-1], padded[:, 2:]], axis=2)
+
+
+def unblock(x: jax.Array, length: int) -> jax.Array:
+    """(B, n, r, ...) query blocks -> (B, T, ...), the end padding dropped."""
+    return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :length]
+
+
+def _block_indices(length: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n, r) query and (n, 3r) key token indices of each block (keys may lie outside
+    [0, T): those are the zero padding `key_blocks` adds)."""
+    count = -(-length // block)
+    queries = np.arange(count * block).reshape(count, block)
+    keys = queries[:, :1] - block + np.arange(3 * block)[None]
+    return queries, keys
+
+
+def local_block_mask(segments: jax.Array, window: int, causal: bool = False) -> jax.Array:
+    """(B, n, 1, r, 3r) bool, blocked local attention's mask built from (B, T) `segment_ids`:
+    key j attends query i iff |i - j| <= W // 2, both lie in one instance and j is real
+    (and j <= i when `causal`): today's `attention_mask & window_mask` on the real queries,
+    without a (T, S) array. A padding query attends nothing."""
+    block = local_block_size(window)
+    queries, keys = _block_indices(segments.shape[1], block)
+    near = np.abs(queries[:, :, None] - keys[:, None, :]) <= window // 2  # (n, r, 3r)
+    if causal:
+        near &= keys[:, None, :] <= queries[:, :, None]
+    query_seg = query_blocks(segments, block)[..., :, None]  # (B, n, r, 1)
+    key_seg = key_blocks(segments, block)[..., None, :]  # (B, n, 1, 3r), 0 beyond the row
+    allowed = (query_seg == key_seg) & (key_seg > 0) & jnp.asarray(near)[None]
+    return allowed[:, :, None]  # (B, n, 1, r, 3r)
+
+
+def local_block_alibi(positions: jax.Array, num_heads: int, window: int) -> jax.Array:
+    """(B or 1, n, A, r, 3r) f32: `alibi_bias` block by block, for blocked local attention."""
+    block = local_block_size(window)
+    query_pos = query_blocks(positions, block)[..., :, None]  # (B, n, r, 1)
+    key_pos = key_blocks(positions, block)[..., None, :]  # (B, n, 1, 3r)
+    distance = jnp.abs(query_pos - key_pos).astype(jnp.float32)[:, :, None]  # (B, n, 1, r, 3r)
+    slopes = jnp.asarray(alibi_slopes(num_heads))[None, None, :, None, None]
+    return -slopes * distance
+
+
+class AttentionInputs(NamedTuple):
+    """What a layer's attention takes besides its input: one per kind of layer.
+
+    Global layers (and local ones given only a full mask) hold (T, S)-shaped masks and
+    biases; blocked local layers hold per-block ones, told apart by the mask's rank (5).
+    """
+
+    # (B, 1, 1 or T, S) bool: which keys each query attends; blocked: (B, n, 1, r, 3r)
+    mask: jax.Array
+    # (B or 1, A, T, S) f32 added to the logits (ALiBi), blocked (B or 1, n, A, r, 3r), or None
+    bias: jax.Array | None
     rotary: tuple[jax.Array, ...] | None  # (cos, sin) each (B or 1, T, D), or None
 
 
 def attention_inputs(
-    config: BertConfig, mask: jax.Array, positions: jax.Array
+    config: BertConfig,
+    mask: jax.Array,
+    positions: jax.Array,
+    segments: jax.Array | None = None,
 ) -> tuple[AttentionInputs, AttentionInputs | None]:
     """The attention inputs of global layers and of local ones (None: every layer global).
 
     `mask` is `attention_mask`'s, `positions` (B or 1, T) each token's position in its
     instance: the rotary angles and ALiBi distances restart with every packed instance.
+    `segments` (`segment_ids`, (B, T)) makes local layers blocked (linear in T); an
+    unpacked, non-causal `mask` (B, 1, 1, S) gives them itself. Without either, local
+    layers AND the window into the full (T, S) mask.
     """
     cfg = config
     bias = (
@@ -159,11 +240,20 @@ def attention_inputs(
         return rotary_tables(positions, cfg.head_dim, theta)
 
     global_inputs = AttentionInputs(mask, bias, rotary(cfg.rope_theta))
-    if not cfg.local_attention_window:
+    window = cfg.local_attention_window
+    if not window:
         return global_inputs, None
-    local_mask = mask & window_mask(positions.shape[1], cfg.local_attention_window)
-    local_theta = cfg.local_rope_theta or cfg.rope_theta
-    return global_inputs, AttentionInputs(local_mask, bias, rotary(local_theta))
+    local_rotary = rotary(cfg.local_rope_theta or cfg.rope_theta)
+    if segments is None and mask.shape[2] == 1 and not cfg.causal:
+        segments = mask[:, 0, 0, :].astype(jnp.int32)  # (B, S) 1 on real tokens
+    if segments is None:
+        local_mask = mask & window_mask(positions.shape[1], window)
+        return global_inputs, AttentionInputs(local_mask, bias, local_rotary)
+    block_mask = local_block_mask(segments, window, cfg.causal)
+    block_bias = None
+    if cfg.position_encoding == "alibi":
+        block_bias = local_block_alibi(positions, cfg.num_attention_heads, window)
+    return global_inputs, AttentionInputs(block_mask, block_bias, local_rotary)
 
 
 def select(condition, if_true, if_false):

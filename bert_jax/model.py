@@ -294,7 +294,15 @@ class SelfAttention(nn.Module):
     deterministic: bool
 
     @nn.compact
-    def __call__(self, x, inputs: layers.AttentionInputs):  # x: (B, T, H)
+    def __call__(self, x, inputs: layers.AttentionInputs, local=None, is_global=True):
+        """x (B, T, H) -> (B, T, H) under `inputs`, or under `local` where `is_global` is false.
+
+        A scanned layer's `is_global` is traced and its two kinds' masks differ in shape
+        (blocked local ones are per block), so `nn.cond` runs one of the two attention cores,
+        projections outside it (the same params either way). A scan over groups of K layers
+        of static kinds would need a params layout of its own; docs/tpu.md "Local attention"
+        has the TPU compiler's figures for the cond.
+        """
         cfg = self.config
         heads = (cfg.num_attention_heads, cfg.head_dim)
         project = functools.partial(
@@ -303,17 +311,42 @@ class SelfAttention(nn.Module):
         q = project("query")(x)  # (B, T, A, D)
         k = project("key")(x)
         v = project("value")(x)
-        if inputs.rotary is not None:
-            q, k = (layers.apply_rotary(y, inputs.rotary) for y in (q, k))
+        rotary = inputs.rotary
+        if local is not None:
+            rotary = layers.select(is_global, inputs.rotary, local.rotary)
+        if rotary is not None:
+            q, k = (layers.apply_rotary(y, rotary) for y in (q, k))
         q = constrain(q, ("batch", "length", "heads", "kv"))
         k = constrain(k, ("batch", "length", "heads", "kv"))
         v = constrain(v, ("batch", "length", "heads", "kv"))
 
         q = q / math.sqrt(cfg.head_dim)
+        if local is None or isinstance(is_global, bool):
+            context = self._attend(q, k, v, inputs if local is None or is_global else local)
+        else:
+
+            def core(chosen):
+                return lambda module, *qkv: module._attend(*qkv, chosen)
+
+            context = nn.cond(is_global, core(inputs), core(local), self, q, k, v)
+        context = constrain(context, ("batch", "length", "heads", "kv"))
+        out_names = ("heads", "kv", "embed")
+        return dense(cfg, cfg.hidden_size, out_names, "output", (-2, -1), cfg.linear_bias)(context)
+
+    def _attend(self, q, k, v, inputs: layers.AttentionInputs):
+        """(B, T, A, D) scaled q, k, v -> context; blocked local inputs (a rank-5 mask): each
+        block of r queries against its 3r keys (`layers.key_blocks`), linear in T."""
+        cfg = self.config
         mask, bias = inputs.mask, inputs.bias  # (B, 1, 1 or T, S) bool, ALiBi's or None
+        blocked = mask.ndim == 5
+        if blocked:
+            block = layers.local_block_size(cfg.local_attention_window)
+            length = q.shape[1]
+            q = layers.query_blocks(q, block)  # (B, n, r, A, D)
+            k, v = (layers.key_blocks(y, block) for y in (k, v))  # (B, n, 3r, A, D)
         if cfg.attention_implementation == "einsum":
             dropout = nn.Dropout(cfg.attention_probs_dropout_prob)
-            context = self._einsum(q, k, v, mask, bias, dropout)
+            context = self._einsum(q, k, v, mask, bias, dropout, blocked)
         else:
             if cfg.attention_probs_dropout_prob > 0 and not self.deterministic:
                 raise ConfigError(
@@ -321,6 +354,12 @@ class SelfAttention(nn.Module):
                     f"dropout to attention probabilities: training with it needs "
                     f"attention_probs_dropout_prob=0, got {cfg.attention_probs_dropout_prob}"
                 )
+            shape = q.shape
+            if blocked:  # the blocks become batch rows: (B n, r, A, D) against (B n, 3r, A, D)
+                q, k, v, mask = (y.reshape(-1, *y.shape[2:]) for y in (q, k, v, mask))
+                if bias is not None:  # (B or 1, n, A, r, 3r) -> (B n, A, r, 3r)
+                    bias = jnp.broadcast_to(bias, (*shape[:2], *bias.shape[2:]))
+                    bias = bias.reshape(-1, *bias.shape[2:])
             if cfg.attention_implementation == "cudnn":
                 # cuDNN takes a mask only at full (T, S): an unpacked row's (B, 1, 1, S)
                 # padding mask is broadcast over the queries.
@@ -335,19 +374,23 @@ class SelfAttention(nn.Module):
                 mask=mask,
                 scale=1.0,
                 implementation=cfg.attention_implementation,
-            )  # (B, T, A, D)
-        context = constrain(context, ("batch", "length", "heads", "kv"))
-        out_names = ("heads", "kv", "embed")
-        return dense(cfg, cfg.hidden_size, out_names, "output", (-2, -1), cfg.linear_bias)(context)
+            )  # (B, T, A, D), blocked (B n, r, A, D)
+            context = context.reshape(shape)
+        return layers.unblock(context, length) if blocked else context
 
-    def _einsum(self, q, k, v, mask, bias, dropout):
+    def _einsum(self, q, k, v, mask, bias, dropout, blocked=False):
         cfg = self.config
-        logits = mixed_einsum("btad,bsad->bats", q, k, cfg.dtype)  # (B, A, T, S)
+        scores, mix = (
+            ("bntad,bnsad->bnats", "bnats,bnsad->bntad")
+            if blocked
+            else ("btad,bsad->bats", "bats,bsad->btad")
+        )
+        logits = mixed_einsum(scores, q, k, cfg.dtype)  # (B, A, T, S), blocked (B, n, A, r, 3r)
         if bias is not None:
             logits = logits + bias
         probs = jax.nn.softmax(logits + attention_bias(mask), axis=-1)
         probs = dropout(probs, self.deterministic)
-        return mixed_einsum("bats,bsad->btad", probs, v, cfg.dtype)  # (B, T, A, D)
+        return mixed_einsum(mix, probs, v, cfg.dtype)  # (B, T, A, D), blocked (B, n, r, A, D)
 
 
 def feed_forward(config: BertConfig, x: jax.Array) -> jax.Array:
@@ -388,18 +431,17 @@ class TransformerLayer(nn.Module):
             nn.Dropout(cfg.hidden_dropout_prob), deterministic=self.deterministic
         )
         attend, local = inputs  # global layers' `AttentionInputs`, local ones' (or None)
-        if local is not None:
-            attend = layers.select(index % cfg.global_attention_every == 0, attend, local)
+        is_global = index % cfg.global_attention_every == 0
         attention = SelfAttention(cfg, self.deterministic, name="attention")
         attention_norm = layer_norm(cfg, "attention_layer_norm")
         output_norm = layer_norm(cfg, "output_layer_norm")
         if cfg.norm_placement == "pre":
             h = layers.select(index == 0, x, attention_norm(x))
-            x = x + drop(attention(h, attend))
+            x = x + drop(attention(h, attend, local, is_global))
             x = constrain(x, ("batch", "length", "embed"))
             x = x + drop(feed_forward(cfg, output_norm(x)))
         else:
-            x = attention_norm(x + drop(attention(x, attend)))
+            x = attention_norm(x + drop(attention(x, attend, local, is_global)))
             x = constrain(x, ("batch", "length", "embed"))
             x = output_norm(x + drop(feed_forward(cfg, x)))
         x = constrain(x, ("batch", "length", "embed"))
@@ -419,16 +461,19 @@ class Encoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, mask, deterministic: bool, return_hidden: bool, position_ids=None):
+    def __call__(
+        self, x, mask, deterministic: bool, return_hidden: bool, position_ids=None, segments=None
+    ):
         """Returns the last layer's output and, if `return_hidden`, every layer's (pre-LN:
         before the final norm, as transformers' ModernBERT reports them).
 
         `mask` is `attention_mask`'s; `position_ids` (B, T), packed rows' positions within
-        each instance (None: 0..T-1), place rotary angles and ALiBi distances.
+        each instance (None: 0..T-1), place rotary angles and ALiBi distances; `segments`
+        (B, T) (`layers.segment_ids`) let local layers build their masks block by block.
         """
         cfg = self.config
         positions = jnp.arange(x.shape[1])[None] if position_ids is None else position_ids
-        inputs = layers.attention_inputs(cfg, mask, positions)  # global's, local's or None
+        inputs = layers.attention_inputs(cfg, mask, positions, segments)  # global, local|None
         layer = TransformerLayer
         if cfg.remat_policy != "none":
             layer = nn.remat(
@@ -520,7 +565,10 @@ class BertModel(nn.Module):
         embedded = self.project(embedded)
         causal = self.config.causal
         mask = attention_mask(input_mask, instance_ids, causal)
-        x, hidden = self.encoder(embedded, mask, deterministic, output_hidden_states, position_ids)
+        segments = layers.segment_ids(input_mask, instance_ids)
+        x, hidden = self.encoder(
+            embedded, mask, deterministic, output_hidden_states, position_ids, segments
+        )
         pooled = None
         if self.add_pooling_layer:
             if cls_positions is None:
