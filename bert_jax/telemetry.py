@@ -37,18 +37,44 @@ PEAK_FLOPS_BY_DEVICE_KIND = {
 
 def forward_flops_per_sequence(config: BertConfig, seq_len: int, predictions: int) -> float:
     """Matmul FLOPs of one forward pass of encoder + MLM (gathered) + NSP for one sequence."""
-    h, i, v, t = config.hidden_size, config.intermediate_size, config.vocab_size, seq_len
-    per_layer = 8 * t * h * h + 4 * t * h * i + 4 * t * t * h  # QKV+out, FFN, QK^T and PV
+    h, v = config.hidden_size, config.vocab_size
     heads = 2 * h * h + 2 * predictions * (h * h + h * v) + 2 * h * 2  # pooler, MLM, NSP
-    return config.num_hidden_layers * per_layer + heads
+    return _layers_flops(config, seq_len) + heads
+
+
+def attended_pairs(config: BertConfig, layer: int, seq_len: int) -> int:
+    """The (query, key) pairs layer `layer` scores in a row of `seq_len` tokens.
+
+    A global layer: T x T. A local one (`local_attention_window` W, every layer but each
+    `global_attention_every`-th): the pairs with |i - j| <= W // 2, the band clipped at
+    the row's ends (at most W + 1 keys per query). That is the model-FLOPs convention of
+    useful work: the einsum attention still computes all T x T scores and masks the rest,
+    which a blocked or fused local attention does not.
+    """
+    t, window = seq_len, config.local_attention_window
+    if not window or layer % config.global_attention_every == 0:
+        return t * t
+    reach = min(window // 2, t - 1)
+    return t * (2 * reach + 1) - reach * (reach + 1)  # the band's T + 2 (T - 1) + ... terms
+
+
+def _layers_flops(config: BertConfig, seq_len: int) -> int:
+    """Matmul FLOPs of the encoder's layers for one sequence: QKV and the output projection,
+    the feed-forward (GeGLU: an H x 2F input-and-gate kernel, then F x H), and the attention's
+    scores and context over the pairs `attended_pairs` counts."""
+    h, f, t = config.hidden_size, config.intermediate_size, seq_len
+    ffn = (6 if config.feed_forward == "glu" else 4) * t * h * f
+    return sum(
+        8 * t * h * h + ffn + 4 * attended_pairs(config, layer, t) * h
+        for layer in range(config.num_hidden_layers)
+    )
 
 
 def _encoder_flops(config: BertConfig, seq_len: int) -> int:
     """Matmul FLOPs of the E -> H projection (where E != H) and the layers, one sequence."""
-    h, i, t = config.hidden_size, config.intermediate_size, seq_len
-    per_layer = 8 * t * h * h + 4 * t * h * i + 4 * t * t * h  # QKV+out, FFN, QK^T and PV
+    h, t = config.hidden_size, seq_len
     project = 2 * t * config.embedding_width * h if config.embedding_width != h else 0
-    return project + config.num_hidden_layers * per_layer
+    return project + _layers_flops(config, t)
 
 
 def electra_forward_flops_per_sequence(
