@@ -16,3 +16,95 @@ import os
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+
+import pytest  # noqa: E402 (after XLA_FLAGS: pytest's plugins may import JAX)
+
+
+@pytest.fixture(scope="session")
+def xla_cache(tmp_path_factory):
+    """This session's persistent XLA compilation cache, empty at its start (nothing depends
+    on an earlier run). The `python -m experiments...` processes the tests start share it
+    (`subprocess_env`), as do the in-process runs that ask for `compile_cache`: a program
+    compiled once is loaded from it by every later process or run that builds the same one
+    (the same HLO, XLA flags and devices). Under pytest-xdist each worker has its own."""
+    return tmp_path_factory.mktemp("xla_cache")
+
+
+def subprocess_env(cache, devices: int = 2) -> dict[str, str]:
+    """The environment of a training process a test starts: CPU only, `devices` fake
+    devices, the suite's compile flags and the session's compilation cache `cache`, where
+    every program is kept (the tiny ones too: each compiles in well under the default
+    1 s threshold)."""
+    return dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}",
+        JAX_COMPILATION_CACHE_DIR=str(cache),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+
+
+@pytest.fixture(scope="module")
+def compile_cache(xla_cache):
+    """The session's compilation cache for this process's own compiles, while the module
+    that asks for it runs: its tiny training runs (`train_loop.train_and_evaluate`, a jit
+    built anew each call) compile each program once, not once a run. Switched off again
+    after the module, so no other test file depends on it."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    saved = {
+        name: getattr(jax.config, name)
+        for name in (
+            "jax_compilation_cache_dir",
+            "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes",
+        )
+    }
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.set_cache_dir(str(xla_cache))
+    compilation_cache.reset_cache()  # JAX decides once per process whether to use a cache
+    yield
+    for name, value in saved.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()
+
+
+@pytest.fixture(scope="session")
+def synthetic_data(tmp_path_factory):
+    """Synthetic pretraining records (`synthetic_pretraining`): train-*.tfrecord, 2 files
+    of 64, and eval-*.tfrecord, 1 of 32. Shared: no test may write into it."""
+    import synthetic_pretraining as synth
+
+    directory = tmp_path_factory.mktemp("synthetic_data")
+    synth.write_records(str(directory), "train", 2, 64, seed=0)
+    synth.write_records(str(directory), "eval", 1, 32, seed=1)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def pretrain_reference(tmp_path_factory, synthetic_data, xla_cache):
+    """The workdir of one uninterrupted `synthetic_pretraining.pretrain_command` process
+    (its first compile fills the session's cache for the processes the tests start).
+    Shared: tests read it or copy it, never write into it."""
+    import subprocess
+
+    import synthetic_pretraining as synth
+
+    workdir = tmp_path_factory.mktemp("pretrain_reference")
+    log = workdir.parent / f"{workdir.name}.log"
+    with open(log, "w") as out:
+        proc = subprocess.run(
+            synth.pretrain_command(workdir, synthetic_data),
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            env=subprocess_env(xla_cache),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=480,
+        )
+    if proc.returncode:
+        pytest.fail(f"the reference run exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+    return workdir

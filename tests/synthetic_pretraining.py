@@ -5,6 +5,7 @@ their tokens are random, which is all the trajectory, resume and sharding tests 
 """
 
 import os
+import sys
 
 import numpy as np
 import protobuf_records
@@ -113,3 +114,34 @@ def tiny_config(data_dir: str):
             node = node[parent]
         node[key] = int(value) if node[key] is None else type(node[key])(value)
     return config
+
+
+# The run of `pretrain_command` (test_resume's reference, test_fault_injection's finished
+# run: one program, compiled once per session). Periodic checkpoints at 5, 10, 15, 20, the
+# last three kept; every step logged, so the records compare step by step.
+STEPS, CHECKPOINT_EVERY = 20, 5
+RUN = [
+    f"--config.num_train_steps={STEPS}",
+    f"--config.checkpoint_every={CHECKPOINT_EVERY}",
+    "--config.log_every=1",
+    # Evaluation reads no state and builds a fresh tf.data pipeline each time (seconds of
+    # CPU per run); the final params already cover what it would compare.
+    "--config.data.eval_files=",
+    "--config.mesh_shape=(1,1,2)",  # the state split over a tensor axis of 2 devices
+]
+
+
+def pretrain_command(workdir, data_dir, *extra: str) -> list[str]:
+    """`python -m experiments.pretrain` on bert_tiny_cpu.py and the synthetic records of
+    `data_dir`, with RUN's flags and then `extra` (a flag of RUN given again: the later
+    value wins, except for tuples such as mesh_shape, which append)."""
+    return [
+        sys.executable,
+        "-m",
+        "experiments.pretrain",
+        "--config=experiments/configs/bert_tiny_cpu.py",
+        f"--workdir={workdir}",
+        *tiny_config_overrides(str(data_dir)),
+        *RUN,
+        *extra,
+    ]

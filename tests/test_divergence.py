@@ -18,6 +18,10 @@ import synthetic_pretraining as synth
 from bert_jax import checkpointing, rollback, train_loop
 from bert_jax.train_state import StepHealth, global_norm
 
+# Each run builds its jitted steps anew: the session's compilation cache compiles each
+# program once for the module, not once a run.
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
 STEPS = 12
 DIVERGING_LR = 1e3
 SANE_LR = 1e-3

@@ -11,7 +11,6 @@ devices' gradients are summed (in-process or through gloo).
 """
 
 import json
-import os
 import socket
 import sys
 
@@ -19,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 import synthetic_pretraining as synth
-from conftest import FAST_COMPILE  # the suite's compile-time flags, kept beside our own
+from conftest import subprocess_env
 from test_resume import _finish, _restore, _run, _start
 
 from bert_jax import checkpointing
@@ -47,19 +46,8 @@ def data_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("xla_cache")
-
-
-def _env(cache, devices):
-    return dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}",
-        JAX_COMPILATION_CACHE_DIR=str(cache),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-    )
+def cache(xla_cache):
+    return xla_cache
 
 
 def _command(workdir, data_dir, *extra):
@@ -83,7 +71,7 @@ def _free_port() -> int:
 
 
 def _one_process(workdir, data_dir, cache, *extra):
-    _run(_command(workdir, data_dir, *extra), _env(cache, 2), workdir.parent / "one.log")
+    _run(_command(workdir, data_dir, *extra), subprocess_env(cache, 2), workdir.parent / "one.log")
 
 
 def _two_processes(workdir, data_dir, cache, *extra):
@@ -97,7 +85,7 @@ def _two_processes(workdir, data_dir, cache, *extra):
         ]
         log = workdir.parent / f"two_{index}.log"
         command = _command(workdir, data_dir, *distributed, *extra)
-        procs.append((_start(command, _env(cache, 1), log), log))
+        procs.append((_start(command, subprocess_env(cache, 1), log), log))
     for proc, log in procs:
         _finish(proc, log)
 

@@ -3,7 +3,8 @@ when the checkpoint directory cannot be written, a background write fails, SIGTE
 failing save, or the loss diverges before any checkpoint.
 
 Every run is a real `python -m experiments.pretrain` process on 2 fake CPU devices; they
-share a persistent XLA compilation cache, so only the first one compiles the train step.
+share the session's persistent XLA compilation cache with test_resume's, whose program
+they run: only the first run of the session compiles the train step.
 Write failures without root or a full disk: a file where the checkpoint directory should
 be, and RLIMIT_FSIZE (a process limit on file size; writes past it fail with EFBIG).
 """
@@ -15,26 +16,18 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import jax
 import numpy as np
 import pytest
 import synthetic_pretraining as synth
-from conftest import FAST_COMPILE  # the suite's compile-time flags, kept beside our own
+from conftest import subprocess_env
 
 from bert_jax import checkpointing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 20
-RUN = [
-    f"--config.num_train_steps={STEPS}",
-    "--config.checkpoint_every=5",
-    "--config.log_every=1",
-    "--config.data.eval_files=",
-    "--config.mesh_shape=(1,1,2)",
-]
+STEPS = synth.STEPS  # checkpoints every synth.CHECKPOINT_EVERY = 5 steps
 TIMEOUT_S = 300
 # Far below Orbax's 300 s timeout, which a run waiting on its threads would reach.
 PROMPT_EXIT_S = 60
@@ -42,36 +35,16 @@ SMALL_FILES = 1 << 20  # bytes: checkpoint data files are larger, everything els
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}",
-        JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("xla_cache")),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
+def env(xla_cache):
+    return subprocess_env(xla_cache)
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("data")
-    synth.write_records(str(directory), "train", 2, 64, seed=0)
-    return directory
+def data_dir(synthetic_data):
+    return synthetic_data
 
 
-def _command(workdir, data_dir, *extra):
-    return [
-        sys.executable,
-        "-m",
-        "experiments.pretrain",
-        "--config=experiments/configs/bert_tiny_cpu.py",
-        f"--workdir={workdir}",
-        *synth.tiny_config_overrides(str(data_dir)),
-        *RUN,
-        *extra,
-    ]
+_command = synth.pretrain_command
 
 
 def _limit_file_size(pid: int) -> None:
@@ -160,12 +133,10 @@ def _restored_step(directory) -> int:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, data_dir, env):
-    """An uninterrupted run (it also fills the compilation cache for the others)."""
-    workdir = tmp_path_factory.mktemp("finished")
-    _run(_command(workdir, data_dir), env, workdir.parent / "finished.log")
-    assert _steps(workdir / "checkpoints") == [10, 15, STEPS]  # keep_checkpoints=3
-    return workdir
+def finished(pretrain_reference):
+    """An uninterrupted run (the session's: its compile fills the cache for the others)."""
+    assert _steps(pretrain_reference / "checkpoints") == [10, 15, STEPS]  # keep_checkpoints=3
+    return pretrain_reference
 
 
 def test_a_checkpoint_path_that_is_a_file_stops_the_run_before_its_first_step(

@@ -3,8 +3,9 @@ train state and the same metrics.jsonl (timings aside) as an uninterrupted run; 
 checkpoints are never loaded; a non-finite loss stops the run without saving it.
 
 Every run is a real `python -m experiments.pretrain` process on 2 fake CPU devices with
-the state split over a tensor axis. They share a persistent XLA compilation cache, so only
-the first run (the uninterrupted reference) pays for compiling the train step.
+the state split over a tensor axis. They share the session's persistent XLA compilation
+cache (and the reference run) with test_fault_injection's: only the first run of the session
+pays for compiling the train step.
 """
 
 import json
@@ -13,67 +14,34 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import jax
 import numpy as np
 import pytest
 import synthetic_pretraining as synth
-from conftest import FAST_COMPILE  # the suite's compile-time flags, kept beside our own
+from conftest import subprocess_env
 
 from bert_jax import checkpointing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 30
-CHECKPOINT_EVERY = 5
-RUN = [
-    f"--config.num_train_steps={STEPS}",
-    f"--config.checkpoint_every={CHECKPOINT_EVERY}",
-    "--config.log_every=1",  # one record per step: the records compare step by step
-    # Evaluation reads no state and builds a fresh tf.data pipeline each time (seconds of
-    # CPU per run); the final params already cover what it would compare.
-    "--config.data.eval_files=",
-    "--config.mesh_shape=(1,1,2)",
-]
+STEPS, CHECKPOINT_EVERY = synth.STEPS, synth.CHECKPOINT_EVERY
 # Wall-clock figures, not results: left out when comparing metrics.
 TIMING_KEYS = ("steps_per_second", "sequences_per_second", "tokens_per_second", "mfu")
 RUN_TIMEOUT_S = 480
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("xla_cache")
-    return dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}",
-        JAX_COMPILATION_CACHE_DIR=str(cache),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
+def env(xla_cache):
+    return subprocess_env(xla_cache)
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("data")
-    synth.write_records(str(directory), "train", 2, 64, seed=0)
-    synth.write_records(str(directory), "eval", 1, 32, seed=1)
-    return directory
+def data_dir(synthetic_data):
+    return synthetic_data
 
 
-def _command(workdir, data_dir, *extra):
-    return [
-        sys.executable,
-        "-m",
-        "experiments.pretrain",
-        "--config=experiments/configs/bert_tiny_cpu.py",
-        f"--workdir={workdir}",
-        *synth.tiny_config_overrides(str(data_dir)),
-        *RUN,
-        *extra,
-    ]
+_command = synth.pretrain_command
 
 
 def _start(command, env, log_path):
@@ -176,13 +144,11 @@ def _resumed_from(output: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, data_dir, env):
-    """The uninterrupted run (also fills the compilation cache for the others)."""
-    workdir = tmp_path_factory.mktemp("reference")
-    _run(_command(workdir, data_dir), env, workdir.parent / "reference.log")
-    assert (STEPS // CHECKPOINT_EVERY * CHECKPOINT_EVERY) in _step_dirs(workdir)[0]
-    assert _train_steps_logged(workdir) == list(range(1, STEPS + 1))
-    return workdir
+def reference(pretrain_reference):
+    """The uninterrupted run (the session's: its compile fills the cache for the others)."""
+    assert (STEPS // CHECKPOINT_EVERY * CHECKPOINT_EVERY) in _step_dirs(pretrain_reference)[0]
+    assert _train_steps_logged(pretrain_reference) == list(range(1, STEPS + 1))
+    return pretrain_reference
 
 
 def test_every_step_is_logged_and_only_timed_steps_have_a_throughput(reference):
@@ -315,8 +281,9 @@ def _tiny_config(data_dir, prng_impl: str, stop_at_step=None):
 
 
 @pytest.fixture(scope="module")
-def straight_run(tmp_path_factory, data_dir):
-    """prng_impl -> the workdir of its uninterrupted PRNG_STEPS-step run (run when asked)."""
+def straight_run(tmp_path_factory, data_dir, compile_cache):
+    """prng_impl -> the workdir of its uninterrupted PRNG_STEPS-step run (run when asked).
+    With the compilation cache on: an impl's runs compile its program once."""
     from bert_jax import train_loop
 
     runs = {}
@@ -332,7 +299,7 @@ def straight_run(tmp_path_factory, data_dir):
 
 # unsafe_rbg (MaxText's choice on accelerators) in the default tier: it differs from the
 # default in both the bits and the key derivation. threefry2x32, the default, is also what
-# the subprocess tests above resume; each run here costs a compile, hence the slow tier.
+# the subprocess tests above resume; each impl here costs a compile, hence the slow tier.
 @pytest.mark.parametrize(
     "impl",
     [

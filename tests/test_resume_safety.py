@@ -24,6 +24,10 @@ from orbax.checkpoint._src.checkpointers import async_checkpointer
 
 from bert_jax import checkpointing, pretraining_input, telemetry, train, train_loop
 
+# Each run builds its jitted steps anew: the session's compilation cache compiles each
+# program once for the module, not once a run.
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
 STEPS = 4
 
 

@@ -20,6 +20,10 @@ from bert_jax import checkpointing, pretraining_input, rollback, train, train_lo
 from bert_jax.config import MISSING, ModelChangeError, model_changes
 from experiments.configs import bert_tiny_cpu
 
+# Each run builds its jitted steps anew: the session's compilation cache compiles each
+# program once for the module, not once a run.
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
 STEPS = 12
 CHECKPOINT_EVERY = 4
 # A spike is found at the next flush (steps after it run first); the records of the flush
