@@ -179,3 +179,24 @@ def test_scanned_training_with_attention_dropout_runs():
 
     grads = jax.grad(loss)(params)
     assert all(np.isfinite(g).all() for g in jax.tree.leaves(nn.meta.unbox(grads)))
+
+
+def test_scanned_layers_keep_no_quadratic_residuals():
+    """The scan's saved residuals, stacked over layers, hold no (T, S) array: jax's cond
+    would otherwise keep the global branch's probabilities (zeros in local layers) for all."""
+    length = 48
+    config = CONFIG.replace(scan_layers=True)
+    ids = jnp.ones((1, length), jnp.int32)
+    model = BertModel(config, add_pooling_layer=False)
+    params = model.init(jax.random.key(0), ids)["params"]
+
+    def loss(params):
+        return jnp.sum(model.apply({"params": params}, ids).sequence_output ** 2)
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(params).jaxpr
+    stacked = [
+        s
+        for s in _intermediate_shapes(jaxpr)
+        if len(s) > 2 and s[0] == config.num_hidden_layers and s.count(length) >= 2
+    ]
+    assert not stacked, stacked
