@@ -10,14 +10,18 @@ already ran at level 0).
 Set at import, before any test module imports JAX (pytest imports conftest.py first), and
 inherited by the `python -m ...` runs the end-to-end tests start with the suite's
 environment; a test that sets its own XLA_FLAGS for a subprocess keeps them.
+
+Also the fixtures the end-to-end tests share: one compilation cache per session (for the
+processes they start and, on request, this one), the synthetic records, and one reference
+pretraining run.
 """
 
 import os
 
+import pytest
+
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
-
-import pytest  # noqa: E402 (after XLA_FLAGS: pytest's plugins may import JAX)
 
 
 @pytest.fixture(scope="session")

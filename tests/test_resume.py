@@ -344,8 +344,9 @@ def _split_config(data_dir, shard: bool, stop_at_step=None):
 
 @pytest.mark.extended  # about a minute
 def test_the_sharded_weight_update_resumes_bit_for_bit_and_from_a_replicated_run(
-    tmp_path, data_dir
+    tmp_path, data_dir, compile_cache
 ):
+    """Five runs of two programs (the update sharded or not): compile_cache builds each once."""
     from bert_jax import train_loop
 
     straight = tmp_path / "straight"
