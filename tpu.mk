@@ -58,7 +58,8 @@ AOT_CONFIGS ?= bert_base_paper.py:phase1 bert_base_paper.py:phase2 \
 	bert_large_lamb.py:phase1 bert_large_lamb.py:phase2 \
 	bert_large_v4.py:phase1 bert_large_v4.py:phase2 \
 	bert_large_v5e.py:phase1 bert_large_v5e.py:phase2 \
-	electra_paper.py:small electra_paper.py:base
+	electra_paper.py:small electra_paper.py:base \
+	modernbert_base_tpu.py:phase1 modernbert_base_tpu.py:phase2
 AOT_ARGS ?=
 
 # Targets that create a slice or launch CONFIG on one. Before they run (DRY_RUN included),

@@ -193,7 +193,10 @@ TPU_CONFIGS = (
     "bert_large_v4.py",
     "bert_large_v5e.py",
     "bert_large_lamb.py",
+    "modernbert_base_tpu.py",
 )
+# Configs whose phase 2 starts from phase 1's params with a fresh schedule (not a resume).
+FRESH_PHASE_2 = ("bert_large_lamb.py", "modernbert_base_tpu.py")
 
 
 @pytest.mark.parametrize("name", TPU_CONFIGS)
@@ -202,7 +205,7 @@ def test_phase_2_reads_where_tpu_pretrain_wrote_phase_1(name):
     workdir = next(a for a in shlex.split(_ssh(ssh, "all")) if a.startswith("--workdir="))
     checkpoints = workdir[len("--workdir=") :] + "/checkpoints"
     phase2 = load_config(name, "phase2")
-    assert checkpoints == (phase2.init_from if name == "bert_large_lamb.py" else phase2.resume_from)
+    assert checkpoints == (phase2.init_from if name in FRESH_PHASE_2 else phase2.resume_from)
 
 
 def test_finetune_starts_from_the_phase_2_run():
@@ -281,7 +284,7 @@ def test_aot_check_covers_every_tpu_config_variant():
         for phase in ("phase1", "phase2"):
             assert f"{name}:{phase}" in result.stdout, f"aot-check misses {name}:{phase}"
             checked += 1
-    assert checked == 10
+    assert checked == 12
     for variant in ("small", "base"):  # variants named otherwise than phases
         assert f"electra_paper.py:{variant}" in result.stdout
 

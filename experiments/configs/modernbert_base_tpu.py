@@ -1,0 +1,57 @@
+r"""ModernBERT-base on a TPU v4 slice: v4:4x4x4 (64 chips, `v4-128`), T=1,024 then 8,192.
+
+Phase 1 is `modernbert_base.py` (the paper's 4,608 x 1,024-token batch, 30% masking,
+packed rows, 360k steps): 72 sequences per chip, data parallel with the weight update
+sharded over the chips, each layer recomputed in the backward pass (`remat full`: 72 x
+1,024 tokens' saved matmul outputs would take about 20 GiB per chip).
+
+Phase 2 is the paper's context extension (Warner et al. 2024: 8,192-token sequences,
+global layers' rotary theta 160,000 — the preset's already —, 300B more tokens at an lr
+of 3e-4, which the paper holds constant and then decays; ours warms up and decays
+linearly): it starts from phase 1's params with a fresh schedule (`init_from`, as
+`bert_large_lamb.py`). Its batch is our choice, not the paper's: one 8,192-token
+sequence per chip (64 per step, 0.5M tokens), because a global layer's einsum attention
+holds f32 (A, T, T) probabilities, 10.5 GiB of temporaries per sequence on v4
+(docs/tpu.md, "Local attention"), and each layer is recomputed in the backward pass.
+
+  python -m experiments.aot_compile --config=experiments/configs/modernbert_base_tpu.py:phase1
+
+  make tpu-create ZONE=us-central2-b ACCELERATOR_TYPE=v4-128 TPU_NAME=modernbert
+  make tpu-pretrain CONFIG=experiments/configs/modernbert_base_tpu.py PHASE=phase1 \
+      ZONE=us-central2-b TPU_NAME=modernbert BUCKET=gs://my-bucket   # then PHASE=phase2
+"""
+
+import ml_collections
+
+from experiments.configs import cloud_tpu, modernbert_base
+
+CONFIG_NAME = "modernbert_base_tpu"
+TOPOLOGY = "v4:4x4x4"  # 64 v4 chips: 4,608 / 64 = 72 sequences per chip in phase 1
+LONG_SEQ_LEN = 8_192  # the paper's extended context (the preset's max_position_embeddings)
+# phase 2: 300B tokens (the paper's context extension) at 64 x 8,192 tokens per step
+LONG_BATCH, LONG_STEPS = 64, 572_000
+
+
+def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
+    """Phase 1 (T=1,024) or phase 2 (T=8,192, from phase 1's params)."""
+    config = modernbert_base.get_config()
+    config = cloud_tpu.on_cloud_tpu(config, config_name=CONFIG_NAME, phase=phase, topology=TOPOLOGY)
+    bucket = config.get_ref("bucket")
+    config.data_dir = bucket + "/modern"  # ModernBERT's records (modernbert_base.py's layout)
+    config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): 64-way data parallel
+    config.shard_weight_update = True  # each chip updates 1/64 of the train state
+    config.model.remat_policy = "full"  # both phases: each layer recomputed in the backward
+    if phase == "phase2":
+        data = config.data
+        data.max_seq_length = LONG_SEQ_LEN  # T of the records
+        data.train_files = bucket + f"/modern/seq{LONG_SEQ_LEN}/train-*.tfrecord"  # globs
+        data.eval_files = bucket + f"/modern/seq{LONG_SEQ_LEN}/eval-*.tfrecord"  # "" disables
+        data.max_predictions_per_seq = 2_496  # P: >= 30% of 8,192, a multiple of 64
+        data.max_instances_per_row = 16  # instance slots of a packed row
+        config.init_from = cloud_tpu.run_dir(bucket, CONFIG_NAME, "phase1") + "/checkpoints"
+        config.global_batch_size = LONG_BATCH  # one sequence per chip (global layers' T x T)
+        config.num_train_steps = LONG_STEPS  # this phase's own schedule
+        config.start_step = 0  # params only: the step count restarts
+        config.optimizer.learning_rate = 3e-4  # the paper's context-extension peak rate
+        config.optimizer.warmup_steps = 640  # as phase 1 (our choice)
+    return config
