@@ -208,7 +208,14 @@ def train_input(config, position, mask_config):
     )
 
 
-def masking_config(config, tokenizer):
+# The held-out masking rate of configs without `data.eval_masked_lm_prob`: BERT's 15%, so
+# that runs training at another rate (ModernBERT's and MosaicBERT's 30%) stay comparable.
+EVAL_MASKED_LM_PROB = 0.15
+
+
+def masking_config(config, tokenizer, masked_lm_prob: float | None = None):
+    """The dynamic masking of `config` (None: static records, or "ltr"), at `masked_lm_prob`
+    (None: the training rate, `data.masked_lm_prob`)."""
     if not config.data.dynamic_masking or objective(config) == "ltr":  # "ltr" masks nothing
         return None
     from data_pipelines import masking
@@ -218,8 +225,22 @@ def masking_config(config, tokenizer):
         mask_id=tokenizer.mask_id,
         special_ids=(tokenizer.cls_id, tokenizer.sep_id),
         max_predictions_per_seq=config.data.max_predictions_per_seq,
-        masked_lm_prob=config.data.masked_lm_prob,
+        masked_lm_prob=masked_lm_prob or config.data.masked_lm_prob,
         whole_word=config.data.whole_word_mask,
+    )
+
+
+def eval_input(config, tokenizer):
+    """The held-out stream of `config` (`data.eval_files`) from its start, masked (dynamic
+    masking) at `data.eval_masked_lm_prob` whatever the training rate. The rate is not part
+    of `data_identity`: no saved position depends on it."""
+    rate = config.data.get("eval_masked_lm_prob") or EVAL_MASKED_LM_PROB
+    return make_input(
+        config,
+        None,
+        files=config.data.eval_files,
+        seed=0,
+        mask_config=masking_config(config, tokenizer, rate),
     )
 
 

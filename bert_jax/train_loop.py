@@ -279,9 +279,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     def evaluate(step):
         if not data.eval_files:
             return {}
-        eval_data = pretraining_input.make_input(
-            config, None, files=data.eval_files, seed=0, mask_config=mask_config
-        )
+        eval_data = pretraining_input.eval_input(config, tokenizer)
         totals = []
         for _ in range(config.eval_steps):
             totals.append(

@@ -42,6 +42,8 @@ PRETRAINING = {
     "bert_large_v4.py": ("phase1", "phase2"),
     "bert_large_v5e.py": ("phase1", "phase2"),
     "electra_paper.py": ("small", "base"),
+    "modernbert_base.py": (None,),
+    "modernbert_tiny_cpu.py": (None,),
 }
 HELPERS = ("__init__.py", "cloud_tpu.py")
 TPU_CONFIGS = (
@@ -53,8 +55,9 @@ TPU_CONFIGS = (
     "electra_paper.py",
 )
 # Keys a pretraining config may have beyond the tiny config's (all read by the TPU
-# tooling): the slice, the bucket, the data root, where a phase's step count starts.
-EXTRA_KEYS = {"topology", "bucket", "data_dir", "start_step"}
+# tooling): the slice, the bucket, the data root, where a phase's step count starts; and
+# the held-out masking rate of configs training at another rate than 15%.
+EXTRA_KEYS = {"topology", "bucket", "data_dir", "start_step", "data.eval_masked_lm_prob"}
 PAPER_RECIPE = (
     "bert_base.py",
     "bert_large.py",
