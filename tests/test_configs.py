@@ -44,6 +44,7 @@ PRETRAINING = {
     "electra_paper.py": ("small", "base"),
     "modernbert_base.py": (None,),
     "modernbert_tiny_cpu.py": (None,),
+    "modernbert_base_tpu.py": ("phase1", "phase2"),
 }
 HELPERS = ("__init__.py", "cloud_tpu.py")
 TPU_CONFIGS = (
@@ -53,6 +54,7 @@ TPU_CONFIGS = (
     "bert_large_v4.py",
     "bert_large_v5e.py",
     "electra_paper.py",
+    "modernbert_base_tpu.py",
 )
 # Keys a pretraining config may have beyond the tiny config's (all read by the TPU
 # tooling): the slice, the bucket, the data root, where a phase's step count starts; and
@@ -144,12 +146,16 @@ def test_model_optimizer_and_phase_are_consistent(name, variant):
 def test_phase_2_continues_where_phase_1_stops(name):
     _, one = load(name, "phase1")
     _, two = load(name, "phase2")
-    assert (one.data.max_seq_length, one.data.max_predictions_per_seq) == (128, 20)
-    assert (two.data.max_seq_length, two.data.max_predictions_per_seq) == (512, 80)
+    # (T, P) of each phase: BERT's 128/20 then 512/80; ModernBERT's 1,024 then its context
+    # extension to 8,192, 30% of the tokens predicted.
+    shapes = {"modernbert_base_tpu.py": ((1024, 320), (8192, 2496))}
+    first, second = shapes.get(name, ((128, 20), (512, 80)))
+    assert (one.data.max_seq_length, one.data.max_predictions_per_seq) == first
+    assert (two.data.max_seq_length, two.data.max_predictions_per_seq) == second
     assert one.model.preset == two.model.preset
-    if name == "bert_large_lamb.py":  # a fresh schedule: phase 1's params only
+    if name in ("bert_large_lamb.py", "modernbert_base_tpu.py"):  # a fresh schedule: params
         assert two.start_step == 0 and not two.resume_from
-        assert two.init_from.endswith("bert_large_lamb_phase1/checkpoints")
+        assert two.init_from.endswith(f"{name[:-3]}_phase1/checkpoints")
     else:  # one schedule: phase 1's full state, then on to its end
         assert two.start_step == one.stop_at_step
         assert two.num_train_steps == one.num_train_steps
