@@ -310,6 +310,11 @@ class BertConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    def is_global_layer(self, index):
+        """Whether layer `index` (an int, or a traced scan index) attends the whole sequence:
+        every layer without a local window, else every `global_attention_every`-th (0, K, ...)."""
+        return not self.local_attention_window or index % self.global_attention_every == 0
+
     @property
     def embedding_width(self) -> int:
         """E, the width of the embedding tables (hidden_size unless `embedding_size` says)."""

@@ -431,7 +431,7 @@ class TransformerLayer(nn.Module):
             nn.Dropout(cfg.hidden_dropout_prob), deterministic=self.deterministic
         )
         attend, local = inputs  # global layers' `AttentionInputs`, local ones' (or None)
-        is_global = index % cfg.global_attention_every == 0
+        is_global = cfg.is_global_layer(index)
         attention = SelfAttention(cfg, self.deterministic, name="attention")
         attention_norm = layer_norm(cfg, "attention_layer_norm")
         output_norm = layer_norm(cfg, "output_layer_norm")

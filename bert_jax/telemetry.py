@@ -52,7 +52,7 @@ def attended_pairs(config: BertConfig, layer: int, seq_len: int) -> int:
     which a blocked or fused local attention does not.
     """
     t, window = seq_len, config.local_attention_window
-    if not window or layer % config.global_attention_every == 0:
+    if config.is_global_layer(layer):
         return t * t
     reach = min(window // 2, t - 1)
     return t * (2 * reach + 1) - reach * (reach + 1)  # the band's T + 2 (T - 1) + ... terms
