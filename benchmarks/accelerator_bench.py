@@ -1,4 +1,4 @@
-r"""BERT-Base and BERT-Large pretraining steps on one accelerator, in one table.
+r"""BERT-Base, BERT-Large and ModernBERT-base pretraining steps on one accelerator, in one table.
 
 Made for a session lent a GPU for one call of the device tool (`benchmarks/accelerator_run.sh`
 is that call): within `--time_budget_s` it measures our train step (MLM + NSP loss, the
@@ -6,16 +6,19 @@ original AdamW after global-norm clipping, bf16 matmuls with f32 params and accu
 T=128 and T=512, unpacked and packed (`data_pipelines.packing`), with each attention
 implementation (`bert_jax.config.ATTENTION_IMPLEMENTATIONS`; cudnn on a GPU only), and the peer,
 transformers' PyTorch BertForPreTraining (bf16 autocast, fused torch AdamW), at the same shapes,
-unpacked. Each row runs in its own process (`benchmarks.accelerator_rows`): warm-up steps
-excluded, every timed step waited for, the median kept. Writes `results.md`, `results.json`
-and `rows.log` (the rows' own output) to `--output_dir` ($OUT where set), again after every row,
-so a run stopped early still leaves its table.
+unpacked. ModernBERT-base (our `modernbert_base` preset, T=1,024) trains its own recipe, MLM
+alone with 30% masked, against transformers' ModernBertForMaskedLM. Each row runs in its own
+process (`benchmarks.accelerator_rows`): warm-up steps excluded, every timed step waited for,
+the median kept. Writes `results.md`, `results.json` and `rows.log` (the rows' own output) to
+`--output_dir` ($OUT where set), again after every row, so a run stopped early still leaves
+its table.
 
 Rows run in rounds, most wanted first: every (model, T) gets our unpacked einsum row (the
 recipe as trained, attention dropout 0.1) before any gets a second; then unpacked cudnn, the
 torch peer, packed cudnn, unpacked xla, packed einsum, packed xla. A row whose (peer, model, T)
 took longer than the budget has left is recorded as skipped; one that outlives the budget is
-stopped and recorded as a timeout.
+stopped and recorded as a timeout. The ModernBERT rows run the same rounds after every BERT row
+(`--sizes=modern` runs them alone).
 
 Examples:
   python -m benchmarks.accelerator_bench                      # the full plan (on a GPU)
@@ -41,12 +44,12 @@ from typing import Any
 import numpy as np
 
 from bert_jax import telemetry
-from bert_jax.config import BertConfig
+from bert_jax.config import BertConfig, preset_fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # size: (table label, BertConfig fields). BertConfig's defaults otherwise: exact GELU (the
-# torch peer's too), dropout 0.1, vocab 30522.
+# torch peer's too), dropout 0.1, vocab 30522. The ModernBERT sizes are the presets.
 SIZES = {
     "tiny": (
         "tiny L2/H64/A2",
@@ -68,8 +71,26 @@ SIZES = {
             intermediate_size=4096,
         ),
     ),
+    "modern": ("ModernBERT-base", preset_fields("modernbert_base")),
+    # A vocabulary as small as tiny's, so the CPU rehearsal's MLM head stays cheap.
+    "modern_tiny": (
+        "tiny ModernBERT L4/H128/A2",
+        dict(preset_fields("modernbert_tiny"), vocab_size=2000),
+    ),
 }
-SEQ_LENS = {"tiny": (16, 32), "base": (128, 512), "large": (128, 512)}  # default T per size
+# size -> its family: the peer's model class and the recipe (RECIPES).
+FAMILIES = {"modern": "modernbert", "modern_tiny": "modernbert"}  # any other size: "bert"
+# family: (objective, masked fraction). ModernBERT trains MLM alone (`bert_jax.train`'s "mlm"
+# objective: no NSP head) on single segments, masking 30% of tokens (Warner et al. 2024).
+RECIPES = {"bert": ("mlm_nsp", 0.15), "modernbert": ("mlm", 0.30)}
+# Default T per size. ModernBERT pretrained at 1,024 (--seq_lens=512 adds BERT's longest).
+SEQ_LENS = {
+    "tiny": (16, 32),
+    "base": (128, 512),
+    "large": (128, 512),
+    "modern": (1024,),
+    "modern_tiny": (32,),
+}
 # (size, T) -> rows per step, chosen to fit an 80 GB GPU without rematerialisation.
 BATCHES = {
     ("tiny", 16): 4,
@@ -78,6 +99,11 @@ BATCHES = {
     ("base", 512): 64,
     ("large", 128): 128,
     ("large", 512): 32,
+    # 32K tokens a step, as BERT-Base's rows; the einsum rows' global layers keep (B, A, T, T)
+    # f32 probabilities, 1.6 GB each at T=1,024.
+    ("modern", 512): 64,
+    ("modern", 1024): 32,
+    ("modern_tiny", 32): 4,
 }
 DEFAULT_BATCH = 8  # a (size, T) not in BATCHES
 # The rounds, most wanted first: (peer, packed, attention).
@@ -109,9 +135,10 @@ TABLE_COLUMNS = (
 TEXT_COLUMNS = ("model", "packed", "attention", "status")  # left-aligned; the rest are numbers
 
 
-def predictions_per_seq(seq_len: int) -> int:
-    """P of the records: the paper's 20 at T=128 and 80 at T=512, in proportion elsewhere."""
-    return max(2, round(seq_len * 20 / 128))
+def predictions_per_seq(seq_len: int, masked_fraction: float = 0.15) -> int:
+    """P of the records: the paper's 20 at T=128 and 80 at T=512 for BERT's 15% masked, in
+    proportion to T and to the masked fraction elsewhere (ModernBERT's 30%: 320 at 1,024)."""
+    return max(2, round(seq_len * 20 / 128 * masked_fraction / 0.15))
 
 
 def parse_batches(text: str) -> dict[tuple[str, int], int] | int | None:
@@ -138,19 +165,22 @@ def batch_size(args, size: str, seq_len: int) -> int:
 
 
 def model_config(args, size: str, attention: str) -> BertConfig:
-    """Our model for a row: the fused attentions have no attention dropout (see the config).
+    """Our model for a row: the fused attentions have no attention dropout (see the config),
+    einsum keeps the recipe's (BERT 0.1, ModernBERT none).
 
     A torch row's config ("sdpa") sizes the peer and counts its FLOPs; transformers picks its
     attention.
     """
     _, fields = SIZES[size]
-    return BertConfig(
-        **fields,
+    recipe = BertConfig(**fields)
+    return recipe.replace(
         dtype=args.dtype,
         scan_layers=args.scan_layers,
         remat_policy=args.remat_policy,
         attention_implementation=attention if attention != "sdpa" else "einsum",
-        attention_probs_dropout_prob=0.1 if attention in ("einsum", "sdpa") else 0.0,
+        attention_probs_dropout_prob=(
+            recipe.attention_probs_dropout_prob if attention in ("einsum", "sdpa") else 0.0
+        ),
     )
 
 
@@ -175,13 +205,18 @@ def build_plan(args, platform: str) -> list[dict[str, Any]]:
             continue
         for _, _, size, seq_len in groups:
             config = model_config(args, size, attention)
+            family = FAMILIES.get(size, "bert")
+            objective, masked_fraction = RECIPES[family]
             row = dict(
                 id=f"{peer}/{size}/T{seq_len}/{'packed' if packed else 'unpacked'}/{attention}",
                 peer=peer,
                 size=size,
                 model=SIZES[size][0],
+                family=family,
+                objective=objective,
+                masked_fraction=masked_fraction,
                 seq_len=seq_len,
-                predictions=predictions_per_seq(seq_len),
+                predictions=predictions_per_seq(seq_len, masked_fraction),
                 packed=packed,
                 attention=attention,
                 attn_dropout=config.attention_probs_dropout_prob,
@@ -196,7 +231,9 @@ def build_plan(args, platform: str) -> list[dict[str, Any]]:
             if attention == "cudnn" and platform != "gpu":
                 row.update(status="skipped", error=f"cudnn needs a GPU (platform {platform})")
             rows.append(row)
-    return rows
+    # The ModernBERT rows, their own rounds, after every BERT row: adding them to a plan
+    # leaves the BERT rows it had first in line for the budget (the sort is stable).
+    return sorted(rows, key=lambda row: row["family"] != "bert")
 
 
 def _matches(row_id: str, patterns: str) -> bool:
@@ -317,7 +354,7 @@ def table_row(row: dict[str, Any]) -> list[str]:
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
-        f"# BERT pretraining steps on {meta['device_kind']} ({meta['platform']})",
+        f"# Pretraining steps on {meta['device_kind']} ({meta['platform']})",
         "",
         f"{meta['started']}, jax {meta['jax']}, python {meta['python']}; "
         f"{meta['elapsed_s']:.0f} s of a {meta['time_budget_s']:.0f} s budget. "
@@ -342,10 +379,13 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "row for packed rows) per median step over the chip's dense bf16 peak"
         + (f" ({peak:.0f} TFLOP/s)." if peak else " (unknown here: no MFU)."),
         "- attn dropout: the fused attentions (xla, cudnn) have none, a recipe change "
-        "(`bert_jax.config`); einsum keeps the recipe's 0.1.",
+        "(`bert_jax.config`); einsum keeps the recipe's (BERT 0.1, ModernBERT none).",
         "- torch: transformers' BertForPreTraining, bf16 autocast, fused torch AdamW, MLM "
         "logits at every position, unpacked only; vs torch: our seq/s over its, same model "
         "and T. Peak GiB: jax's `peak_bytes_in_use`, torch's `max_memory_allocated`.",
+        "- ModernBERT rows: MLM alone (no NSP head), 30% of tokens masked, single-segment "
+        "instances, no dropout; the torch peer is ModernBertForMaskedLM (sdpa, logits at the "
+        "masked positions only: `sparse_prediction`, as ModernBERT trained).",
     ]
     for row in rows:
         if row.get("profile"):
@@ -468,7 +508,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add = parser.add_argument
-    add("--sizes", default="base,large", help="comma list of " + ", ".join(SIZES))
+    add("--sizes", default="base,large,modern", help="comma list of " + ", ".join(SIZES))
     add("--seq_lens", default="", help="comma list of T for every size (default: per size)")
     add("--packed", default="false,true", help="'false', 'true' or both")
     add("--attention", default="einsum,xla,cudnn", help="our attention implementations")

@@ -36,7 +36,6 @@ from data_pipelines import packing, records
 CLS, SEP, MASK = 101, 102, 103  # BERT's uncased vocab ids of the special tokens
 FIRST_WORD_ID = 1000  # word ids are drawn from [FIRST_WORD_ID, vocab_size)
 MIN_LENGTH = 8  # the shortest synthetic instance
-MASKED_FRACTION = 0.15  # BERT's masked_lm_prob
 # `bert_jax.train`'s MODEL_INPUTS and PACKING_INPUTS: that module reads ml_collections configs
 # and cannot be imported here.
 MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
@@ -55,13 +54,17 @@ def synthetic_instances(
     vocab_size: int,
     full_fraction: float,
     seed: int,
+    masked_fraction: float = 0.15,
+    pairs: bool = True,
 ) -> dict[str, np.ndarray]:
     """`count` masked pretraining instances (`records.BATCH` layout, one per row).
 
     A `full_fraction` of them fill the row (long documents); the others are uniform on
     [MIN_LENGTH, T] tokens (documents' tails, the short-sequence targets), which is padding
     for an unpacked row and room for a packed one. Each is `[CLS] A [SEP] B [SEP]` of random
-    word ids with 15% of its tokens masked (at most `predictions`).
+    word ids (`pairs`; else one segment, `[CLS] A [SEP]`, all segment ids 0, NSP labels 0, as a
+    model without token types or NSP reads) with `masked_fraction` of its tokens masked (at
+    most `predictions`).
     """
     rng = np.random.default_rng(seed)
     short = rng.integers(min(MIN_LENGTH, seq_len), seq_len + 1, size=count)
@@ -70,10 +73,11 @@ def synthetic_instances(
     out = {name: np.zeros(shape, dtype) for name, (shape, dtype) in spec.items()}
     for i, length in enumerate(lengths):
         ids = rng.integers(FIRST_WORD_ID, vocab_size, size=length)
-        split = int(rng.integers(2, length - 1))  # A is ids[1:split], its [SEP] at split
+        # A is ids[1:split], its [SEP] at split; one segment: A runs to the end.
+        split = int(rng.integers(2, length - 1)) if pairs else length - 1
         ids[0], ids[split], ids[length - 1] = CLS, SEP, SEP
         words = np.setdiff1d(np.arange(1, length - 1), [split])
-        count_masked = min(predictions, len(words), max(1, round(MASKED_FRACTION * length)))
+        count_masked = min(predictions, len(words), max(1, round(masked_fraction * length)))
         where = np.sort(rng.choice(words, size=count_masked, replace=False))
         out["masked_lm_positions"][i, :count_masked] = where
         out["masked_lm_ids"][i, :count_masked] = ids[where]
@@ -81,8 +85,9 @@ def synthetic_instances(
         ids[where] = MASK
         out["input_ids"][i, :length] = ids
         out["input_mask"][i, :length] = 1
-        out["segment_ids"][i, split + 1 : length] = 1
-        out["next_sentence_labels"][i] = rng.integers(0, 2)
+        if pairs:
+            out["segment_ids"][i, split + 1 : length] = 1
+            out["next_sentence_labels"][i] = rng.integers(0, 2)
     return out
 
 
@@ -99,6 +104,8 @@ def make_batch(spec: dict[str, Any]) -> dict[str, np.ndarray]:
         spec["config"]["vocab_size"],
         spec["full_fraction"],
         spec["seed"],
+        spec["masked_fraction"],
+        pairs=spec["objective"] == "mlm_nsp",  # sentence pairs where NSP trains
     )
     if not spec["packed"]:
         return instances
@@ -148,7 +155,8 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
-    """Our pretraining step (MLM + NSP loss, clipped BERT AdamW) on one device, timed."""
+    """Our pretraining step (the row's objective: MLM + NSP, or MLM alone; clipped BERT AdamW)
+    on one device, timed."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
@@ -161,7 +169,8 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
     start = time.perf_counter()
     config = BertConfig(**spec["config"])
-    model = BertForPreTraining(config)
+    # `bert_jax.train.pretraining_model`: the NSP head for "mlm_nsp" only.
+    model = BertForPreTraining(config, next_sentence=spec["objective"] == "mlm_nsp")
     host_batch = make_batch(spec)
     batch = {k: jnp.asarray(v) for k, v in host_batch.items()}
 
@@ -176,7 +185,8 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         return pretraining_loss(outputs, batch)
 
     # The recipe's optimizer (experiments/configs/bert_base.py): the original AdamW after
-    # global-norm clipping at 1.0, lr 1e-4 with 10k warmup steps over 1M.
+    # global-norm clipping at 1.0, lr 1e-4 with 10k warmup steps over 1M. ModernBERT rows too:
+    # the optimizer's cost is one pass over the params whatever its hyper-parameters.
     schedule = optim.warmup_polynomial_decay(1e-4, 10_000, 1_000_000)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optim.bert_adamw(schedule, 0.01))
     step = jax.jit(train_state.make_step(loss_fn, tx, schedule), donate_argnums=0)
@@ -301,11 +311,13 @@ def _compiled_bytes(compiled) -> dict[str, int] | None:
 
 
 def run_torch(spec: dict[str, Any]) -> dict[str, Any]:
-    """transformers' PyTorch BertForPreTraining, bf16 autocast, fused torch AdamW, timed.
+    """transformers' PyTorch BertForPreTraining (ModernBertForMaskedLM for a ModernBERT row),
+    bf16 autocast, fused torch AdamW, timed.
 
     `benchmarks.peers.TorchRunner` (the peer of `bench_model`): on the GPU when torch sees
-    one; the MLM loss through -100 labels, as transformers computes it (logits at every
-    position). Unpacked rows only: transformers has no packed attention.
+    one; the MLM loss through -100 labels, as transformers computes it (BERT: logits at every
+    position; ModernBERT: at the labelled ones). Unpacked rows only: transformers has no
+    packed attention.
     """
     try:
         import torch
@@ -318,10 +330,15 @@ def run_torch(spec: dict[str, Any]) -> dict[str, Any]:
     host_batch = make_batch(spec)
     dims = spec["config"]
     model = dict(
+        family=spec["family"],
         vocab_size=dims["vocab_size"],
         hidden_size=dims["hidden_size"],
         num_layers=dims["num_hidden_layers"],
         num_heads=dims["num_attention_heads"],
+        intermediate_size=dims["intermediate_size"],
+        max_position_embeddings=dims["max_position_embeddings"],
+        local_attention_window=dims["local_attention_window"],
+        global_attention_every=dims["global_attention_every"],
     )
     case = dict(name="train", mode="train", dtype="bfloat16")
     runner = peers.TorchRunner(dict(model=model, lr=1e-4, cases=[case]), host_batch)

@@ -342,11 +342,55 @@ def _hf_config(transformers, dims: dict[str, int]):
     )
 
 
-# --- transformers' PyTorch BERT -------------------------------------------------------------
+# --- transformers' PyTorch BERT and ModernBERT ----------------------------------------------
+
+
+def _hf_modernbert_config(transformers, dims: dict[str, Any]):
+    """ModernBERT of `dims` (the rest ModernBertConfig's defaults, ModernBERT-base's: rotary
+    bases 160k/10k, GeGLU, no biases, no dropout), in transformers 4.57 and 5 alike.
+
+    The special ids are the synthetic batches' (pad 0, [CLS] 101, [SEP] 102): the defaults lie
+    past a small vocabulary. `sparse_prediction`: the MLM head runs at the labelled positions
+    only, as ModernBERT trained (and as ours gathers the masked ones).
+    """
+    return transformers.ModernBertConfig(
+        vocab_size=dims["vocab_size"],
+        hidden_size=dims["hidden_size"],
+        intermediate_size=dims["intermediate_size"],
+        num_hidden_layers=dims["num_layers"],
+        num_attention_heads=dims["num_heads"],
+        max_position_embeddings=dims["max_position_embeddings"],
+        local_attention=dims["local_attention_window"],
+        global_attn_every_n_layers=dims["global_attention_every"],
+        pad_token_id=0,
+        bos_token_id=101,
+        cls_token_id=101,
+        eos_token_id=102,
+        sep_token_id=102,
+        sparse_prediction=True,
+        attn_implementation="sdpa",  # no flash_attn on the benchmark machines
+    )
+
+
+# family: (transformers' pretraining model, its config, the forward's inputs).
+TORCH_MODELS = {
+    "bert": (
+        "BertForPreTraining",
+        _hf_config,
+        ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label"),
+    ),
+    # No token types, no NSP: MLM alone.
+    "modernbert": (
+        "ModernBertForMaskedLM",
+        _hf_modernbert_config,
+        ("input_ids", "attention_mask", "labels"),
+    ),
+}
 
 
 class TorchRunner:
-    """transformers' PyTorch `BertForPreTraining`, eager, loss from `labels`.
+    """transformers' PyTorch `BertForPreTraining` (or the `TORCH_MODELS` entry of
+    `spec["model"]["family"]`), eager, loss from `labels`.
 
     On the GPU when torch sees one (f32 matmuls in TF32, as XLA's default precision does
     on such GPUs), else on every CPU core.
@@ -370,15 +414,16 @@ class TorchRunner:
         self.torch = torch
         self.steps: dict[str, Callable[[], Any]] = {}
         self.first_loss: dict[str, float] = {}
+        model_class, make_config, names = TORCH_MODELS[spec["model"].get("family", "bert")]
+        values = dict(
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["input_mask"],
+            token_type_ids=inputs["segment_ids"],
+            labels=mlm_labels(inputs),
+            next_sentence_label=inputs["next_sentence_labels"],
+        )
         kwargs = {
-            name: torch.from_numpy(value.astype(np.int64)).to(self.device)
-            for name, value in (
-                ("input_ids", inputs["input_ids"]),
-                ("attention_mask", inputs["input_mask"]),
-                ("token_type_ids", inputs["segment_ids"]),
-                ("labels", mlm_labels(inputs)),
-                ("next_sentence_label", inputs["next_sentence_labels"]),
-            )
+            name: torch.from_numpy(values[name].astype(np.int64)).to(self.device) for name in names
         }
         for case in spec["cases"]:
             name = case["name"]
@@ -386,7 +431,7 @@ class TorchRunner:
                 self._add_matmul(name, case["n"], case["dtype"])
                 continue
             torch.manual_seed(0)
-            model = transformers.BertForPreTraining(_hf_config(transformers, spec["model"]))
+            model = getattr(transformers, model_class)(make_config(transformers, spec["model"]))
             model.to(self.device)
             self.versions["attn_implementation"] = model.config._attn_implementation
             model.train()  # dropout on
@@ -413,7 +458,7 @@ class TorchRunner:
             def step(model=model, optimizer=optimizer, autocast=autocast):
                 model.zero_grad(set_to_none=True)
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
-                    loss = model(**kwargs).loss  # MLM CE over labels != -100, plus NSP CE
+                    loss = model(**kwargs).loss  # MLM CE over labels != -100 (BERT: + NSP CE)
                 loss.backward()
                 if optimizer is not None:
                     optimizer.step()

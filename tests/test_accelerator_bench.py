@@ -21,6 +21,7 @@ import sys
 import pytest
 
 from benchmarks import accelerator_bench as bench
+from benchmarks import accelerator_rows
 from bert_jax import telemetry
 from bert_jax.config import BertConfig
 
@@ -78,13 +79,15 @@ builtins.__import__, importlib.import_module = noting_import, noting_import_modu
 """
 VOCAB = bench.SIZES["tiny"][1]["vocab_size"]
 # Each row is a process compiling its own step (~7 s here): the rehearsal runs one of each
-# path (unpacked and packed rows, the einsum and a fused attention, the torch peer, a cuDNN row
-# skipped off a GPU), not all seven variants.
+# path (unpacked and packed rows, the einsum and a fused attention, both torch peers, a cuDNN
+# row skipped off a GPU), not all seven variants of both families. In the order they run: the
+# ModernBERT rows after the BERT ones.
 REHEARSED = (
     "ours/tiny/T32/unpacked/einsum",
     "ours/tiny/T32/unpacked/cudnn",
     "torch/tiny/T32/unpacked/sdpa",
-    "ours/tiny/T32/packed/xla",
+    "torch/modern_tiny/T32/unpacked/sdpa",
+    "ours/modern_tiny/T32/packed/xla",
 )
 
 
@@ -102,8 +105,8 @@ def test_tiny_rehearsal_runs_every_row_without_tensorflow(tmp_path):
         JAX_PLATFORMS="cpu",
     )
     env.pop("XLA_FLAGS", None)  # one CPU device, as the GPU machine has one GPU
-    command = ["bash", "benchmarks/accelerator_run.sh", "--sizes=tiny", "--seq_lens=32",
-               "--steps=2", "--warmup=1", "--time_budget_s=600",
+    command = ["bash", "benchmarks/accelerator_run.sh", "--sizes=tiny,modern_tiny",
+               "--seq_lens=32", "--steps=2", "--warmup=1", "--time_budget_s=600",
                f"--rows={','.join(REHEARSED)}", "--profile=ours/*/unpacked/einsum"]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -111,16 +114,7 @@ def test_tiny_rehearsal_runs_every_row_without_tensorflow(tmp_path):
 
     report = json.loads((out / "results.json").read_text())
     rows = report["rows"]
-    planned = {
-        (peer, packed, attention, t)
-        for peer, packed, attention in bench.VARIANTS
-        for t in (32,)
-        if f"{peer}/tiny/T{t}/{'packed' if packed else 'unpacked'}/{attention}" in REHEARSED
-    }
-    assert len(planned) == len(REHEARSED)
-    assert [(r["peer"], r["packed"], r["attention"], r["seq_len"]) for r in rows] == sorted(
-        planned, key=lambda p: (bench.VARIANTS.index(p[:3]), p[3])
-    )
+    assert [r["id"] for r in rows] == list(REHEARSED)
     assert report["meta"]["platform"] == "cpu"
     assert report["meta"]["peak_tflops"] is None  # no published peak for a CPU: no MFU
     for row in rows:
@@ -141,11 +135,13 @@ def test_tiny_rehearsal_runs_every_row_without_tensorflow(tmp_path):
         else:
             assert row["instances"] == batch and row["seq_per_s"] == row["rows_per_s"]
         assert row["mfu"] is None and row["tflops"] > 0
-        # Fresh weights predict ~uniformly: MLM ln(V) + NSP ln(2).
-        assert row["first_loss"] == pytest.approx(math.log(VOCAB) + math.log(2), abs=0.3)
+        # Fresh weights predict ~uniformly: MLM ln(V), + NSP ln(2) where BERT trains it.
+        nsp = math.log(2) if row["objective"] == "mlm_nsp" else 0.0
+        assert row["first_loss"] == pytest.approx(math.log(VOCAB) + nsp, abs=0.3)
         if row["peer"] == "ours":
             assert row["compile_s"] > 0
-            expected_dropout = 0.1 if row["attention"] == "einsum" else 0.0
+            bert_einsum = row["attention"] == "einsum" and row["family"] == "bert"
+            expected_dropout = 0.1 if bert_einsum else 0.0
             assert row["attn_dropout"] == row["config"]["attention_probs_dropout_prob"]
             assert row["attn_dropout"] == expected_dropout
     # The one profiled row: its trace beside the table, its busiest ops in the report.
@@ -196,8 +192,22 @@ def test_plan_orders_rounds_and_overrides_batches():
     assert not any("status" in r for r in rows)  # cudnn runs on a GPU
     batches = {(r["size"], r["seq_len"]): r["batch"] for r in rows}
     assert batches == {("base", 128): 256, ("base", 512): 16, ("large", 128): 128,
-                       ("large", 512): 32}  # fmt: skip
+                       ("large", 512): 32, ("modern", 1024): 32}  # fmt: skip
     assert {r["predictions"] for r in rows if r["seq_len"] == 512} == {80}
+    # The default plan's ModernBERT rows come after every BERT row, in rounds of their own.
+    families = [r["family"] for r in rows]
+    assert families == sorted(families, key=lambda f: f != "bert") and families[-1] == "modernbert"
+    modern = [r for r in rows if r["family"] == "modernbert"]
+    assert [r["id"] for r in modern] == [
+        "ours/modern/T1024/unpacked/einsum",
+        "ours/modern/T1024/unpacked/cudnn",
+        "ours/modern/T1024/packed/cudnn",
+        "ours/modern/T1024/packed/einsum",
+    ]
+    assert {(r["objective"], r["predictions"], r["attn_dropout"]) for r in modern} == {
+        ("mlm", 320, 0.0)
+    }
+    assert bench.BertConfig(**modern[0]["config"]).local_attention_window == 128
 
 
 def test_rows_and_profile_flags_pick_rows_by_id():
@@ -211,12 +221,26 @@ def test_rows_and_profile_flags_pick_rows_by_id():
         "torch/large/T128/unpacked/sdpa",
         "torch/base/T512/unpacked/sdpa",
         "torch/large/T512/unpacked/sdpa",
+        "torch/modern/T1024/unpacked/sdpa",
     ]
     # Only our rows are traced (the peer has no jax profile).
     traced = {r["id"]: r["profile_path"] for r in rows if "profile_path" in r}
     assert traced == {
         "ours/large/T128/unpacked/cudnn": "/tmp/x/profile-ours-large-T128-unpacked-cudnn.json.gz"
     }
+    only_modern = bench.build_plan(_args("--sizes=modern"), "gpu")
+    assert len(only_modern) == len(bench.VARIANTS)
+    assert {r["model"] for r in only_modern} == {"ModernBERT-base"}
+
+
+def test_modern_instances_are_single_segments_with_30_percent_masked():
+    row = bench.build_plan(_args("--sizes=modern", "--rows=ours/*/unpacked/einsum"), "gpu")[0]
+    spec = dict(row, max_instances_per_row=4, full_fraction=1.0, seed=0)
+    batch = accelerator_rows.make_batch(dict(spec, batch=2))
+    assert batch["input_ids"].max() < 50368 and not batch["segment_ids"].any()
+    assert not batch["next_sentence_labels"].any()
+    assert (batch["input_ids"] == accelerator_rows.SEP).sum(axis=1).tolist() == [1, 1]
+    assert batch["masked_lm_weights"].sum(axis=1).tolist() == [round(0.3 * 1024)] * 2
 
 
 def _args(*flags: str):
