@@ -132,6 +132,25 @@ def gated(h: jax.Array, act: Callable[[jax.Array], jax.Array]) -> jax.Array:
     return act(h[..., 0, :]) * h[..., 1, :]
 
 
+def cudnn_mask(mask: jax.Array, queries: int, blocked: bool) -> jax.Array:
+    """A boolean mask as cuDNN's fused attention takes it: (B, 1, T, S), every query row
+    attending at least one key.
+
+    cuDNN takes a mask only at full (T, S): an unpacked row's (B, 1, 1, S) padding mask is
+    broadcast over the queries. A row that attends nothing (a padding query of a packed row
+    or of a local block) attends its own key instead: cuDNN's backward turns an empty row
+    into NaN gradients in every parameter (ModernBERT-base, window 128, T = 1,024, on an
+    H200: loss finite, grads NaN; the xla path's finite), and the row's output is junk no
+    real token reads. `blocked` (B n, 1, r, 3r) masks: a block's own keys are its middle r.
+    """
+    batch, _, _, keys = mask.shape
+    mask = jnp.broadcast_to(mask, (batch, 1, queries, keys))
+    offset = queries if blocked else 0
+    itself = np.arange(keys)[None, :] == np.arange(queries)[:, None] + offset  # (T, S)
+    empty = ~jnp.any(mask, axis=-1, keepdims=True)  # (B, 1, T, 1)
+    return mask | (empty & jnp.asarray(itself))
+
+
 def segment_ids(input_mask: jax.Array, instance_ids: jax.Array | None = None) -> jax.Array:
     """(B, T) int32: which instance each token is in, 0 on padding (unpacked rows: 1 for
     every real token). Blocked local attention builds its masks from these, block by block."""

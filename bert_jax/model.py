@@ -361,10 +361,7 @@ class SelfAttention(nn.Module):
                     bias = jnp.broadcast_to(bias, (*shape[:2], *bias.shape[2:]))
                     bias = bias.reshape(-1, *bias.shape[2:])
             if cfg.attention_implementation == "cudnn":
-                # cuDNN takes a mask only at full (T, S): an unpacked row's (B, 1, 1, S)
-                # padding mask is broadcast over the queries.
-                batch, _, _, keys = mask.shape
-                mask = jnp.broadcast_to(mask, (batch, 1, q.shape[1], keys))
+                mask = layers.cudnn_mask(mask, q.shape[1], blocked)
             # q is already scaled (as on the einsum path), so the op's own scale is 1.
             context = jax.nn.dot_product_attention(
                 q.astype(cfg.dtype),

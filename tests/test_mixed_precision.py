@@ -173,3 +173,32 @@ def test_cudnn_attention_passes_cudnns_layout_checks(monkeypatch, packed):
     loss = _training_loss(model, ids, mask, types, positions, **packing)
     grads = jax.eval_shape(jax.grad(loss), variables)
     assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(variables)
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["global", "local-blocked"])
+def test_cudnn_mask_gives_an_empty_row_its_own_key_and_leaves_the_rest(blocked):
+    """cuDNN's backward turns a query row that attends nothing into NaN gradients in every
+    parameter (ModernBERT-base, window 128, T = 1,024, H200, 2026-11-27): `cudnn_mask`
+    gives such a row (padding) its own key and nothing else, and leaves every row that
+    attends something as it was. Packed rows with trailing padding, both mask layouts."""
+    from bert_jax import layers
+
+    instance_ids = jnp.asarray([[1, 1, 1, 2, 2, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0]])
+    input_mask = (instance_ids > 0).astype(jnp.int32)
+    window = 4  # blocks of r = 2 queries against 3r = 6 keys
+    if blocked:
+        mask = layers.local_block_mask(layers.segment_ids(input_mask, instance_ids), window)
+        mask = mask.reshape(-1, *mask.shape[2:])  # (B n, 1, r, 3r), as the cuDNN path has it
+        queries, offset = layers.local_block_size(window), layers.local_block_size(window)
+    else:
+        mask = layers.attention_mask(input_mask, instance_ids)  # (B, 1, T, S)
+        queries, offset = instance_ids.shape[1], 0
+    out = np.asarray(layers.cudnn_mask(mask, queries, blocked))
+    before = np.asarray(jnp.broadcast_to(mask, out.shape))
+    empty = ~before.any(axis=-1)  # (rows, 1, queries)
+    assert empty.any() and (~empty).any()  # the case exercises both kinds of row
+    assert (out[~empty] == before[~empty]).all()
+    itself = np.arange(out.shape[-1])[None] == np.arange(queries)[:, None] + offset
+    rows, _, query = np.nonzero(empty)
+    assert (out[rows, 0, query] == itself[query]).all()
+    assert out.any(axis=-1).all()  # no row attends nothing
