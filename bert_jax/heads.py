@@ -50,7 +50,12 @@ class MaskedLMHead(nn.Module):
         )
         h = transform(states)
         h = activation(cfg)(h)
-        h = layer_norm(cfg, "layer_norm")(h)
+        # (B, P, E) with E whole, as the encoder's activations. Left to XLA, the transform's
+        # `mlp` (tensor) split reaches the decoder's input, and on a mesh with fsdp and tensor
+        # both > 1 and P >= 8 the SPMD partitioner (jax 0.10.2) then swaps the batch shards
+        # of the logits' gradient between devices (a collective-permute no later op undoes):
+        # same loss, wrong gradients (test_train's P = 10 case on (2, 2, 2)).
+        h = constrain(layer_norm(cfg, "layer_norm")(h), ("batch", "length", "embed"))
         bias = self.param("output_bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
         # (B, P, E) @ (E, V): the tied table's gradient stays f32 (`model.matmul`).
         logits = matmul(h, word_table.T, 1, cfg.dtype)  # (B, P, V)

@@ -27,14 +27,16 @@ TINY = BertConfig(
 )
 
 
-def random_example(rng: np.random.Generator) -> dict[str, np.ndarray]:
+def random_example(
+    rng: np.random.Generator, predictions: int = PREDICTIONS
+) -> dict[str, np.ndarray]:
     length = int(rng.integers(SEQ_LEN // 2, SEQ_LEN + 1))
     split = int(rng.integers(2, length - 2))
     ids = rng.integers(1000, 3000, length)
     ids[0], ids[split], ids[length - 1] = CLS, SEP, SEP
     segments = (np.arange(length) > split).astype(np.int64)
     candidates = np.setdiff1d(np.arange(1, length - 1), [split])
-    positions = np.sort(rng.choice(candidates, PREDICTIONS, replace=False))
+    positions = np.sort(rng.choice(candidates, predictions, replace=False))
     labels = ids[positions].copy()
     ids[positions] = MASK
     return {
@@ -46,19 +48,22 @@ def random_example(rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
-def random_batch(batch_size: int, seed: int) -> dict[str, np.ndarray]:
-    """A padded numpy batch in the input pipeline's layout (int32 ids, float32 weights)."""
+def random_batch(
+    batch_size: int, seed: int, predictions: int = PREDICTIONS
+) -> dict[str, np.ndarray]:
+    """A padded numpy batch in the input pipeline's layout (int32 ids, float32 weights), with
+    `predictions` (at most 13: the shortest example's maskable tokens) per example."""
     rng = np.random.default_rng(seed)
     batch = {k: [] for k in records.BATCH}
     for _ in range(batch_size):
-        ex = random_example(rng)
+        ex = random_example(rng, predictions)
         pad = SEQ_LEN - len(ex["input_ids"])
         batch["input_ids"].append(np.pad(ex["input_ids"], (0, pad)))
         batch["input_mask"].append(np.pad(np.ones_like(ex["input_ids"]), (0, pad)))
         batch["segment_ids"].append(np.pad(ex["segment_ids"], (0, pad)))
         batch["masked_lm_positions"].append(ex["masked_lm_positions"])
         batch["masked_lm_ids"].append(ex["masked_lm_ids"])
-        batch["masked_lm_weights"].append(np.ones(PREDICTIONS))
+        batch["masked_lm_weights"].append(np.ones(predictions))
         batch["next_sentence_labels"].append(ex["next_sentence_labels"][0])
     out = {k: np.asarray(v, np.int32) for k, v in batch.items()}
     out["masked_lm_weights"] = out["masked_lm_weights"].astype(np.float32)

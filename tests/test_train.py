@@ -171,19 +171,21 @@ def test_lamb_trust_ratio_scales_per_layer():
 STEPS = 5
 
 
-def _trajectory(mesh_shape, devices=None, rules=sharding.DEFAULT_RULES):
+def _trajectory(
+    mesh_shape, devices=None, rules=sharding.DEFAULT_RULES, predictions=synth.PREDICTIONS
+):
     mesh = sharding.create_mesh(mesh_shape, devices)
     model = BertForPreTraining(synth.TINY)
     config = _optimizer_config(learning_rate=5e-3)
     tx = optim.make_optimizer(config, 20)
     schedule = optim.learning_rate_schedule(config, 20)
-    inputs = train.init_inputs(train.example_batch(8, synth.SEQ_LEN, synth.PREDICTIONS))
+    inputs = train.init_inputs(train.example_batch(8, synth.SEQ_LEN, predictions))
     state, shardings = sharded_state(model, tx, mesh, inputs, rng=jax.random.key(0), rules=rules)
     step_fn, _ = train.jit_steps(model, tx, schedule, mesh, shardings, rules=rules)
     losses = []
     with sharding.activation_context(mesh, rules):
         for step in range(STEPS):
-            batch = synth.random_batch(8, seed=step)
+            batch = synth.random_batch(8, seed=step, predictions=predictions)
             global_batch = sharding.global_batch(batch, mesh, rules)
             state, metrics = step_fn(state, global_batch, jax.random.key(1))
             losses.append(float(metrics["loss"]))
@@ -192,16 +194,21 @@ def _trajectory(mesh_shape, devices=None, rules=sharding.DEFAULT_RULES):
 
 
 @functools.cache
-def _single_device():
-    return _trajectory((1, 1, 1), jax.devices()[:1])
+def _single_device(predictions):
+    return _trajectory((1, 1, 1), jax.devices()[:1], predictions=predictions)
 
 
+# P = 10 predictions on fsdp x tensor: with P >= 8 XLA once partitioned the MLM head's
+# backward with the batch shards of the logits' gradient swapped between devices (same
+# loss, wrong gradients: `heads.MaskedLMHead`); P = 5 does not reach that plan.
 @pytest.mark.parametrize(
-    "mesh_shape", [(8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 1, 4)], ids=["dp", "fsdp", "tp", "dp_tp"]
+    "mesh_shape,predictions",
+    [((8, 1, 1), 5), ((1, 8, 1), 5), ((1, 1, 8), 5), ((2, 1, 4), 5), ((2, 2, 2), 10)],
+    ids=["dp", "fsdp", "tp", "dp_tp", "dp_fsdp_tp_p10"],
 )
-def test_five_steps_on_a_mesh_equal_the_single_device_run(mesh_shape):
-    losses_ref, kernel_ref, _ = _single_device()
-    losses, kernel, kernel_sharding = _trajectory(mesh_shape)
+def test_five_steps_on_a_mesh_equal_the_single_device_run(mesh_shape, predictions):
+    losses_ref, kernel_ref, _ = _single_device(predictions)
+    losses, kernel, kernel_sharding = _trajectory(mesh_shape, predictions=predictions)
     assert losses[-1] < losses[0]  # it trains
     np.testing.assert_allclose(losses, losses_ref, rtol=2e-5)
     np.testing.assert_allclose(kernel, kernel_ref, rtol=1e-4, atol=1e-6)
@@ -242,7 +249,7 @@ def test_the_rule_table_in_the_config_switches_dp_fsdp_tp(name):
     assert kernel.spec == kernel_spec
     assert sharding.batch_sharding(mesh, run.rules).spec == batch_spec
     # The same five steps as on one device, with the table placing state and batch.
-    losses_ref, kernel_ref, _ = _single_device()
+    losses_ref, kernel_ref, _ = _single_device(synth.PREDICTIONS)
     losses, kernel, kernel_sharding = _trajectory((2, 2, 2), rules=run.rules)
     np.testing.assert_allclose(losses, losses_ref, rtol=2e-5)
     np.testing.assert_allclose(kernel, kernel_ref, rtol=1e-4, atol=1e-6)
