@@ -35,6 +35,11 @@ def main(argv):
     if FLAGS.verbosity <= 0:
         # Orbax narrates every save at INFO; keep the console to our own progress and metrics.
         logging.get_absl_handler().addFilter(lambda record: "/orbax/" not in record.pathname)
+    if FLAGS.config.jax_cache_dir:
+        # Before the first compile: JAX opens its cache once per process. Set here, it wins
+        # over JAX_COMPILATION_CACHE_DIR (that variable only gives the option its default).
+        jax.config.update("jax_compilation_cache_dir", FLAGS.config.jax_cache_dir)
+        logging.info("compilation cache: %s", FLAGS.config.jax_cache_dir)
     from bert_jax import checkpointing, train_loop
 
     try:

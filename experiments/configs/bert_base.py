@@ -135,6 +135,16 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.optimizer.max_grad_norm = 1.0  # global-norm clipping, as the original
     config.optimizer.grad_accum_steps = 1  # micro-batches per update
 
+    # A jax.profiler trace of steps [start_step, start_step + num_steps) in
+    # <workdir>/plugins/profile for TensorBoard / XProf (docs/profiling.md).
+    config.profile = ml_collections.ConfigDict()
+    config.profile.start_step = 0  # the first step traced (step 1 compiles: trace from 2 on)
+    config.profile.num_steps = 0  # steps traced (0: no trace)
+    config.profile.all_processes = False  # True: every host writes its trace, else process 0
+    # JAX's persistent compilation cache, a local or gs:// path ("": none unless the
+    # JAX_COMPILATION_CACHE_DIR variable names one): a restarted run loads its programs.
+    config.jax_cache_dir = ""
+
     config.log_every = 100  # steps between metric writes
     config.eval_every = 10_000  # steps between held-out evaluations (0: never)
     config.eval_steps = 100  # held-out batches per evaluation (the original's max_eval_steps)
