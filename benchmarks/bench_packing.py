@@ -26,14 +26,17 @@ import tempfile
 import numpy as np
 from absl import flags
 
-from bert_jax import telemetry
-from data_pipelines import cli, input_pipeline
+from data_pipelines import cli
+
+# TensorFlow and JAX are imported where they are used: `-h` answers without them.
 
 FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _stream(pack: bool):
+    from data_pipelines import input_pipeline
+
     return input_pipeline.make_pretraining_dataset(
         FLAGS.train_files,
         global_batch_size=FLAGS.batch,
@@ -67,6 +70,8 @@ def padding(pack: bool) -> dict[str, float]:
 
 def train_windows(pack: bool, real_tokens: list[int]) -> list[float]:
     """Real tokens/s of each logged window of one `experiments.pretrain` run."""
+    from bert_jax import telemetry
+
     with tempfile.TemporaryDirectory() as workdir:
         command = [
             sys.executable,

@@ -31,7 +31,9 @@ import types
 
 from absl import flags
 
-from data_pipelines import cli, input_pipeline
+from data_pipelines import cli
+
+# TensorFlow is imported where it is used: `-h` answers without it.
 
 FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,6 +108,8 @@ def first_batch_seconds(module, pattern: str, position) -> float:
 
 
 def main(argv):
+    from data_pipelines import input_pipeline
+
     del argv
     load = os.getloadavg()[0]
     os.makedirs(FLAGS.workdir, exist_ok=True)

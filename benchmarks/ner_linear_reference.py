@@ -21,7 +21,6 @@ from absl import app, flags
 from bert_jax import scoring
 from data_pipelines import cli
 from data_pipelines.tasks.tagging_tasks import load_tagging_task
-from experiments import label_budgets
 
 FLAGS = flags.FLAGS
 
@@ -51,6 +50,8 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from sklearn.feature_extraction import DictVectorizer
     from sklearn.linear_model import LogisticRegression
+
+    from experiments import label_budgets  # JAX: only when run, not for `-h`
 
     task = load_tagging_task("peoples_daily_ner")
     train = task.splits["train"]

@@ -57,18 +57,21 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import ml_collections
 import numpy as np
-import torch
-import torch.nn.functional as F
-import transformers
 from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
 from bert_jax.config import BertConfig, objective
 from data_pipelines import cli
+
+# torch, transformers and JAX are imported where they are used: `-h` answers without them.
+if TYPE_CHECKING:
+    import torch
+    import transformers
 
 FLAGS = flags.FLAGS
 
@@ -80,6 +83,9 @@ def pretraining_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Total loss = MLM + NSP (MLM alone without `next_sentence`), exactly as
     `bert_jax.losses.pretraining_loss`."""
+    import torch
+    import torch.nn.functional as F
+
     out = model.bert(
         input_ids=batch["input_ids"],
         attention_mask=batch["input_mask"],
@@ -118,6 +124,8 @@ def make_optimizer(
     model: torch.nn.Module, config: ml_collections.ConfigDict, num_updates: int
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW + the original schedule, from the `config.optimizer` block ours reads."""
+    import torch
+
     if config.name not in ("adamw", "adamw_bias_corrected"):
         raise ValueError(
             f"--config.optimizer.name={config.name!r}: only 'adamw' and 'adamw_bias_corrected' "
@@ -178,13 +186,14 @@ def batches(
 
 def to_torch(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
     """int32 ids/masks/labels -> int64 (embedding and gather indices), weights stay f32."""
+    import torch
+
     return {
         k: torch.tensor(v, dtype=torch.float32 if v.dtype.kind == "f" else torch.int64).to(device)
         for k, v in batch.items()
     }
 
 
-@torch.no_grad()
 def evaluate(
     model: transformers.BertForPreTraining,
     config: ml_collections.ConfigDict,
@@ -192,16 +201,19 @@ def evaluate(
     mask_config=None,
 ) -> dict[str, float]:
     """Mean held-out metrics over `config.eval_steps` batches, without dropout."""
-    model.eval()
-    # Ours: seed 0, from the start (so dynamic masks are the same at every evaluation).
-    stream = batches(config, config.data.eval_files, seed=0, mask_config=mask_config)
-    next_sentence = objective(config) == "mlm_nsp"
-    totals = [
-        pretraining_loss(model, to_torch(next(stream), device), next_sentence)[1]
-        for _ in range(config.eval_steps)
-    ]
-    model.train()
-    return {k: float(torch.stack([t[k] for t in totals]).mean()) for k in totals[0]}
+    import torch
+
+    with torch.no_grad():
+        model.eval()
+        # Ours: seed 0, from the start (so dynamic masks are the same at every evaluation).
+        stream = batches(config, config.data.eval_files, seed=0, mask_config=mask_config)
+        next_sentence = objective(config) == "mlm_nsp"
+        totals = [
+            pretraining_loss(model, to_torch(next(stream), device), next_sentence)[1]
+            for _ in range(config.eval_steps)
+        ]
+        model.train()
+        return {k: float(torch.stack([t[k] for t in totals]).mean()) for k in totals[0]}
 
 
 def check_import(
@@ -209,6 +221,7 @@ def check_import(
 ) -> int:
     """Imports the export with `bert_jax.convert`, compares logits; returns the param count."""
     import jax
+    import torch
 
     from bert_jax import convert
     from bert_jax.heads import BertForPreTraining
@@ -236,6 +249,9 @@ def check_import(
 
 def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = False) -> dict:
     """Pretrains, evaluates and exports to `output_dir`; returns the last metrics."""
+    import torch
+    import transformers
+
     from bert_jax.pretraining_input import masking_config
     from bert_jax.telemetry import MetricsWriter
     from bert_jax.train import model_config

@@ -10,11 +10,12 @@ import json
 import os
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.config import BertConfig
+
+# JAX is imported where it is used: its readers (`read_metrics`, the FLOPs formulas) start
+# without it, e.g. `python -m experiments.plot_metrics -h`.
 
 # Dense bf16 peak FLOP/s of one JAX device (a TPU v2/v3 device is one core, later TPUs
 # expose one device per chip), from the vendors' published figures.
@@ -115,6 +116,9 @@ def train_flops_per_step(
 
 def measure_cpu_peak_flops(dtype: str = "float32", size: int = 1024, repeats: int = 5) -> float:
     """The FLOP/s of a large matmul on this host's CPU in `dtype` (f32 accumulation)."""
+    import jax
+    import jax.numpy as jnp
+
     a = jnp.ones((size, size), dtype)
     matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
     matmul(a, a).block_until_ready()
@@ -128,6 +132,8 @@ def measure_cpu_peak_flops(dtype: str = "float32", size: int = 1024, repeats: in
 
 def peak_flops_per_device(dtype: str = "float32") -> float:
     """The peak of this host's devices: the published figure, or measured on CPU."""
+    import jax
+
     device = jax.local_devices()[0]
     if device.platform == "cpu":
         # Fake CPU devices share the host's cores: the host peak is split among them.
@@ -148,6 +154,8 @@ class MetricsWriter:
     """
 
     def __init__(self, workdir: str, enabled: bool | None = None, last_step: int | None = None):
+        import jax
+
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self._jsonl = None
         self._summary = None
@@ -213,6 +221,8 @@ def append_record(workdir: str, name: str, record: dict) -> None:
     """Appends `record` as a JSON line to `<workdir>/<name>` (process 0 only), for the rare
     events a run logs beside its metrics (an object store, which cannot append, gets the file
     written again)."""
+    import jax
+
     if jax.process_index() != 0:
         return
     import tensorflow as tf

@@ -27,32 +27,25 @@ import functools
 import os
 import time
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import distill, sharding
-from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
-from bert_jax.heads import BertForSequenceClassification
-from bert_jax.train_state import make_step, sharded_state
 from data_pipelines import cli
 from data_pipelines.tasks.classification_features import encode_sentences
 from data_pipelines.tasks.sentence_tasks import load_sentence_task
 from data_pipelines.tokenization import load_tokenizer
 from experiments import finetune_classification as ftc
-from experiments import inference_speed
 
-INPUT_KEYS = distill.INPUT_KEYS
+# JAX, Optax and the models are imported where they are used: `-h` answers without them.
 
 
 def teacher_dir(path: str) -> str:
     """The checkpoint directory of `path` (a fine-tuning workdir or its `checkpoint/`)."""
+    from bert_jax import finetune_common as common
+
     if not path:
         raise ValueError("--config.teacher is required: a fine-tuned checkpoint directory")
     if not os.path.exists(path):
@@ -65,6 +58,14 @@ def teacher_dir(path: str) -> str:
 
 def build_student(config, teacher_config: BertConfig, teacher_params, teacher_vocab, num_outputs):
     """(student module, its BertConfig, params, a one-line description of its init)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax import distill
+    from bert_jax import finetune_common as common
+    from bert_jax.heads import BertForSequenceClassification
+
     head = BertForSequenceClassification(BertConfig(), num_outputs)
     overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
     if config.teacher_layers:
@@ -100,6 +101,13 @@ def train_student(
     Returns:
         (what its metrics.json holds, {split: (N, C) final logits}).
     """
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax import distill, sharding
+    from bert_jax import finetune_common as common
+    from bert_jax.train_state import make_step, sharded_state
+
     start_time = time.time()
     os.makedirs(workdir, exist_ok=True)
     student, bert_config, params, description = student_parts
@@ -116,7 +124,7 @@ def train_student(
 
     batch_sharding = sharding.batch_sharding(mesh)
     in_step = alpha > 0 and config.teacher_logits == "step"
-    train_keys = [*INPUT_KEYS, "labels"]
+    train_keys = [*distill.INPUT_KEYS, "labels"]
     if alpha > 0 and not in_step:
         train_keys.append("teacher_logits")
     loss = functools.partial(
@@ -132,7 +140,7 @@ def train_student(
     )  # fmt: skip
     predict_fn = jax.jit(
         functools.partial(ftc.predict_step, model=student),
-        in_shardings=(shardings.params, {k: batch_sharding for k in INPUT_KEYS}),
+        in_shardings=(shardings.params, {k: batch_sharding for k in distill.INPUT_KEYS}),
         out_shardings=common.replicated(mesh),
     )
     arrays = {"input_ids": train.input_ids, "input_mask": train.input_mask,
@@ -185,9 +193,14 @@ def labeled_splits(task, features) -> list[str]:
 
 
 def teacher_logits_of(teacher, params, shardings, features, config, mesh, desc):
+    import jax
+
+    from bert_jax import distill, sharding
+    from bert_jax import finetune_common as common
+
     predict_fn = jax.jit(
         functools.partial(ftc.predict_step, model=teacher),
-        in_shardings=(shardings, {k: sharding.batch_sharding(mesh) for k in INPUT_KEYS}),
+        in_shardings=(shardings, {k: sharding.batch_sharding(mesh) for k in distill.INPUT_KEYS}),
         out_shardings=common.replicated(mesh),
     )
     with sharding.activation_context(mesh):
@@ -196,6 +209,14 @@ def teacher_logits_of(teacher, params, shardings, features, config, mesh, desc):
 
 def distill_classifier(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs the distillation described by `config`; returns what results.json holds."""
+    import jax.numpy as jnp
+    import optax
+
+    from bert_jax import distill, sharding
+    from bert_jax import finetune_common as common
+    from bert_jax.train_state import sharded_state
+    from experiments import inference_speed
+
     if not 0.0 <= config.alpha <= 1.0:
         raise ValueError(f"--config.alpha={config.alpha} must be in [0, 1]")
     if config.temperature <= 0:

@@ -24,24 +24,16 @@ import json
 import os
 import time
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import convert, distill, sharding, train
-from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
-from bert_jax.convert.names import HEAD_SPECS
-from bert_jax.heads import BertForPreTraining
-from bert_jax.losses import weighted_cross_entropy
-from bert_jax.train_state import make_step, sharded_state
-from data_pipelines import cli, input_pipeline, records
+from data_pipelines import cli, records
+
+# JAX, TensorFlow and the models are imported where they are used: `-h` answers without them.
 
 # The batch features the student and teacher see: NSP is not trained, so not its labels.
 BATCH_KEYS = tuple(k for k in records.BATCH if k != "next_sentence_labels")
@@ -49,6 +41,9 @@ BATCH_KEYS = tuple(k for k in records.BATCH if k != "next_sentence_labels")
 
 def load_teacher(path: str) -> tuple[BertConfig, dict, str | None]:
     """(config, params, vocab file) of a teacher that has a trained MLM head."""
+    from bert_jax import convert
+    from bert_jax.convert.names import HEAD_SPECS
+
     if not path:
         raise ValueError("--config.teacher is required: a checkpoint with an MLM head")
     if not os.path.exists(path):
@@ -62,6 +57,14 @@ def load_teacher(path: str) -> tuple[BertConfig, dict, str | None]:
 
 def build_student(config, teacher_config: BertConfig, teacher_params) -> tuple:
     """(BertConfig, params, description) of the student."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax import distill
+    from bert_jax import finetune_common as common
+    from bert_jax.heads import BertForPreTraining
+
     if config.teacher_layers:
         layers = [int(i) for i in str(config.teacher_layers).split(",")]
         student_config, params = distill.layers_from_teacher(teacher_params, teacher_config, layers)
@@ -80,6 +83,12 @@ def build_student(config, teacher_config: BertConfig, teacher_params) -> tuple:
 
 def evaluate(model, params, config, mesh, shardings) -> dict[str, float]:
     """Held-out MLM loss and accuracy over `eval_steps` batches of `eval_files`."""
+    import jax
+
+    from bert_jax import sharding, train
+    from bert_jax.losses import weighted_cross_entropy
+    from data_pipelines import input_pipeline
+
     data = input_pipeline.make_pretraining_dataset(
         config.eval_files, global_batch_size=config.global_batch_size,
         max_seq_length=config.max_seq_length,
@@ -105,6 +114,15 @@ def evaluate(model, params, config, mesh, shardings) -> dict[str, float]:
 
 def distill_mlm(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs the MLM distillation described by `config`; returns what metrics.json holds."""
+    import jax
+    import optax
+
+    from bert_jax import convert, distill, sharding, train
+    from bert_jax import finetune_common as common
+    from bert_jax.heads import BertForPreTraining
+    from bert_jax.train_state import make_step, sharded_state
+    from data_pipelines import input_pipeline
+
     start_time = time.time()
     if not 0.0 <= config.alpha <= 1.0:
         raise ValueError(f"--config.alpha={config.alpha} must be in [0, 1]")

@@ -24,21 +24,20 @@ from __future__ import annotations
 import functools
 import os
 import time
+from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import feature_based, sharding
-from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
-from bert_jax.feature_based import BiLSTMTagger, FeatureCache
-from bert_jax.model import BertModel
 from data_pipelines import cli
 from experiments import finetune_tagging as ftt
+
+# JAX and the models are imported where they are used: `-h` answers without them.
+if TYPE_CHECKING:
+    from bert_jax.feature_based import BiLSTMTagger, FeatureCache
 
 TRAIN_KEYS = ("features", "input_mask", "label_ids", "label_weights")
 INPUT_KEYS = ("features", "input_mask")
@@ -57,16 +56,22 @@ def train_loss(params, batch, dropout_rng, *, model: BiLSTMTagger):
 
 
 def predict_step(params, batch, *, model: BiLSTMTagger):
+    import jax.numpy as jnp
+
     logits = model.apply({"params": params}, batch["features"], batch["input_mask"])
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)  # (B, T)
 
 
 def take_features(cache: FeatureCache, arrays: dict[str, np.ndarray], indices, length: int):
     """Rows `indices` of `arrays` cut to `length`, with their cached features padded to it."""
+    from bert_jax import finetune_common as common
+
     return common.take(arrays, indices, length) | {"features": cache.padded(indices, length)}
 
 
 def make_tagger(config: ml_collections.ConfigDict, num_tags: int) -> BiLSTMTagger:
+    from bert_jax.feature_based import BiLSTMTagger
+
     return BiLSTMTagger(
         num_tags,
         lstm_size=config.lstm_size,
@@ -77,6 +82,13 @@ def make_tagger(config: ml_collections.ConfigDict, num_tags: int) -> BiLSTMTagge
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs the whole feature-based training described by `config`; returns metrics.json."""
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax import feature_based, sharding
+    from bert_jax import finetune_common as common
+    from bert_jax.model import BertModel
+
     start_time = time.time()
     os.makedirs(workdir, exist_ok=True)
     feature_based.check_combination(config.layers)  # an unknown name fails before loading

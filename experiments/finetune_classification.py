@@ -27,30 +27,33 @@ import csv
 import functools
 import os
 import time
+from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import finetune_common as common
-from bert_jax import scoring, sharding
+from bert_jax import scoring
 from bert_jax.config import BertConfig
-from bert_jax.heads import BertForSequenceClassification
 from data_pipelines import cli
 from data_pipelines.tasks import glue
 from data_pipelines.tasks.classification_features import SentenceFeatures, encode_sentences
 from data_pipelines.tasks.sentence_tasks import SentenceTask, load_sentence_task
+
+# JAX, Optax and the model are imported where they are used: `-h` answers without them.
+if TYPE_CHECKING:
+    import jax
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 
 
 def loss_fn(logits: jax.Array, labels: jax.Array, regression: bool) -> jax.Array:
     """Mean cross-entropy over the batch, or mean squared error for regression."""
+    import jax.numpy as jnp
+    import optax
+
     if regression:
         return jnp.mean((logits[:, 0] - labels) ** 2)
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
@@ -58,6 +61,8 @@ def loss_fn(logits: jax.Array, labels: jax.Array, regression: bool) -> jax.Array
 
 def train_loss(params, batch, dropout_rng, *, model, regression):
     """(loss, metrics) of one batch under dropout: what the train step differentiates."""
+    import jax.numpy as jnp
+
     logits = model.apply(
         {"params": params},
         *(batch[k] for k in INPUT_KEYS),
@@ -68,6 +73,8 @@ def train_loss(params, batch, dropout_rng, *, model, regression):
 
 
 def predict_step(params, batch, *, model):
+    import jax.numpy as jnp
+
     return model.apply({"params": params}, *(batch[k] for k in INPUT_KEYS)).astype(jnp.float32)
 
 
@@ -81,6 +88,9 @@ def predict(
     show_progress: bool = True,
 ):
     """(N, C) logits for every example, in order (batched by length, padding cut)."""
+    from bert_jax import finetune_common as common
+    from bert_jax import sharding
+
     arrays = {"input_ids": features.input_ids, "input_mask": features.input_mask,
               "segment_ids": features.segment_ids}  # fmt: skip
     lengths = features.input_mask.sum(1)
@@ -106,6 +116,8 @@ def score(task: SentenceTask, labels: np.ndarray, logits: np.ndarray):
 
 
 def write_predictions(path, task, examples, logits, predictions) -> None:
+    import jax
+
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f, delimiter="\t", lineterminator="\n")
@@ -130,6 +142,9 @@ def load_classifier(directory: str):
         with `task` and `data_dir` (as configured), `labels` (None for regression),
         `num_outputs`, `do_lower_case` and `max_seq_length`).
     """
+    from bert_jax import finetune_common as common
+    from bert_jax.heads import BertForSequenceClassification
+
     bert_config, params, vocab_file, meta = common.load_finetuned(directory)
     pooling = meta.get("pooling", "cls")  # (models saved before the option pooled [CLS])
     model = BertForSequenceClassification(bert_config, meta["num_outputs"], pooling=pooling)
@@ -144,6 +159,10 @@ def finetune(
     `show_progress=False` hides the per-epoch progress bars (a caller running many
     fine-tunings shows its own).
     """
+    from bert_jax import finetune_common as common
+    from bert_jax import sharding
+    from bert_jax.heads import BertForSequenceClassification
+
     start_time = time.time()
     os.makedirs(workdir, exist_ok=True)
     task = load_sentence_task(

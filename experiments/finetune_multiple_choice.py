@@ -25,19 +25,14 @@ import functools
 import os
 import time
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import finetune_common as common
-from bert_jax import scoring, sharding
+from bert_jax import scoring
 from bert_jax.config import BertConfig
-from bert_jax.heads import BertForMultipleChoice
 from data_pipelines import cli
 from data_pipelines.tasks.multiple_choice import (
     ChoiceFeatures,
@@ -45,11 +40,16 @@ from data_pipelines.tasks.multiple_choice import (
     load_multiple_choice_task,
 )
 
+# JAX, Optax and the model are imported where they are used: `-h` answers without them.
+
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 
 
 def train_loss(params, batch, dropout_rng, *, model):
     """Mean cross-entropy of the softmax over each example's choices, under dropout."""
+    import jax.numpy as jnp
+    import optax
+
     logits = model.apply(
         {"params": params},
         *(batch[k] for k in INPUT_KEYS),
@@ -63,12 +63,17 @@ def train_loss(params, batch, dropout_rng, *, model):
 
 
 def predict_step(params, batch, *, model):
+    import jax.numpy as jnp
+
     return model.apply({"params": params}, *(batch[k] for k in INPUT_KEYS)).astype(jnp.float32)
 
 
 def predict(predict_fn, params, features: ChoiceFeatures, batch_size: int, mesh, desc: str,
             show_progress: bool = True) -> np.ndarray:  # fmt: skip
     """(N, K) choice scores for every example, in order (batched by length, padding cut)."""
+    from bert_jax import finetune_common as common
+    from bert_jax import sharding
+
     arrays = {k: getattr(features, k) for k in INPUT_KEYS}
     lengths = common.sequence_lengths(features.input_mask)
     out = np.zeros(features.input_ids.shape[:2], np.float32)
@@ -83,6 +88,8 @@ def predict(predict_fn, params, features: ChoiceFeatures, batch_size: int, mesh,
 
 
 def write_predictions(path: str, examples, logits: np.ndarray) -> None:
+    import jax
+
     probs = np.asarray(jax.nn.softmax(logits, axis=-1))
     with open(path + ".tmp", "w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f, delimiter="\t", lineterminator="\n")
@@ -98,6 +105,10 @@ def finetune(
     config: ml_collections.ConfigDict, workdir: str, *, show_progress: bool = True
 ) -> dict:
     """Runs the whole fine-tuning described by `config`; returns what metrics.json holds."""
+    from bert_jax import finetune_common as common
+    from bert_jax import sharding
+    from bert_jax.heads import BertForMultipleChoice
+
     start_time = time.time()
     os.makedirs(workdir, exist_ok=True)
     task = load_multiple_choice_task(config.task, config.data_file or None)

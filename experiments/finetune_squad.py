@@ -21,29 +21,32 @@ import dataclasses
 import functools
 import os
 import time
+from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import finetune_common as common
-from bert_jax import scoring, sharding
+from bert_jax import scoring
 from bert_jax.config import BertConfig
-from bert_jax.heads import BertForQuestionAnswering
 from data_pipelines import cli
 from data_pipelines.tasks import squad
 from data_pipelines.tasks.squad_predictions import postprocess
+
+# JAX, Optax and the model are imported where they are used: `-h` answers without them.
+if TYPE_CHECKING:
+    import jax
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 
 
 def loss_fn(start_logits, end_logits, start_positions, end_positions) -> jax.Array:
     """The original's loss: the mean of the start and end cross-entropies."""
+    import jax.numpy as jnp
+    import optax
+
     start = optax.softmax_cross_entropy_with_integer_labels(start_logits, start_positions)
     end = optax.softmax_cross_entropy_with_integer_labels(end_logits, end_positions)
     return jnp.mean(start + end) / 2
@@ -51,6 +54,8 @@ def loss_fn(start_logits, end_logits, start_positions, end_positions) -> jax.Arr
 
 def train_loss(params, batch, dropout_rng, *, model):
     """(loss, metrics) of one batch under dropout: what the train step differentiates."""
+    import jax.numpy as jnp
+
     start, end = model.apply(
         {"params": params},
         *(batch[k] for k in INPUT_KEYS),
@@ -62,12 +67,17 @@ def train_loss(params, batch, dropout_rng, *, model):
 
 
 def predict_step(params, batch, *, model):
+    import jax.numpy as jnp
+
     start, end = model.apply({"params": params}, *(batch[k] for k in INPUT_KEYS))
     return start.astype(jnp.float32), end.astype(jnp.float32)
 
 
 def predict(predict_fn, params, features: squad.SquadFeatures, batch_size, mesh):
     """(F, T) start and end logits of every window."""
+    from bert_jax import finetune_common as common
+    from bert_jax import sharding
+
     arrays = {k: getattr(features, k) for k in INPUT_KEYS}
     lengths = features.input_mask.sum(1)
     shape = features.input_ids.shape
@@ -85,6 +95,8 @@ def predict(predict_fn, params, features: squad.SquadFeatures, batch_size, mesh)
 
 
 def write_predictions(workdir, predictions, version_2: bool) -> None:
+    from bert_jax import finetune_common as common
+
     common.write_json(os.path.join(workdir, "predictions.json"), predictions.answers)
     nbest = {q: [dataclasses.asdict(c) for c in cands] for q, cands in predictions.nbest.items()}
     common.write_json(os.path.join(workdir, "nbest_predictions.json"), nbest)
@@ -94,6 +106,10 @@ def write_predictions(workdir, predictions, version_2: bool) -> None:
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs the whole fine-tuning described by `config`; returns what metrics.json holds."""
+    from bert_jax import finetune_common as common
+    from bert_jax import sharding
+    from bert_jax.heads import BertForQuestionAnswering
+
     start_time = time.time()
     os.makedirs(workdir, exist_ok=True)
     version_2 = config.version == "v2.0"

@@ -22,36 +22,41 @@ from __future__ import annotations
 import functools
 import os
 import time
+from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import finetune_common as common
-from bert_jax import scoring, sharding
+from bert_jax import scoring
 from bert_jax.config import BertConfig
-from bert_jax.heads import BertForTokenClassification
 from data_pipelines import cli
 from data_pipelines.tasks.conll import write_conll
 from data_pipelines.tasks.tagging_features import TaggingFeatures, decode, encode_tagged
 from data_pipelines.tasks.tagging_tasks import TaggingTask, load_tagging_task
+
+# JAX, Optax and the model are imported where they are used: `-h` answers without them.
+if TYPE_CHECKING:
+    import jax
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 
 
 def loss_fn(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:
     """Cross-entropy averaged over the weighted (first-piece) positions."""
+    import jax.numpy as jnp
+    import optax
+
     per_token = optax.softmax_cross_entropy_with_integer_labels(logits, labels)  # (B, T)
     return jnp.sum(per_token * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
 def train_loss(params, batch, dropout_rng, *, model):
     """(loss, metrics) of one batch under dropout: what the train step differentiates."""
+    import jax.numpy as jnp
+
     logits = model.apply(
         {"params": params},
         *(batch[k] for k in INPUT_KEYS),
@@ -62,6 +67,8 @@ def train_loss(params, batch, dropout_rng, *, model):
 
 
 def predict_step(params, batch, *, model):
+    import jax.numpy as jnp
+
     logits = model.apply({"params": params}, *(batch[k] for k in INPUT_KEYS))
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)  # (B, T)
 
@@ -75,6 +82,9 @@ def predict(predict_fn, params, arrays: dict[str, np.ndarray], batch_size: int, 
         arrays: the model's inputs by name, (N, ...) each, `input_mask` (N, T) among them.
         take_fn: `(arrays, indices, length) -> host batch` (default `common.take`).
     """
+    from bert_jax import finetune_common as common
+    from bert_jax import sharding
+
     take_fn = take_fn or common.take
     lengths = arrays["input_mask"].sum(1)
     max_length = arrays["input_mask"].shape[1]
@@ -161,6 +171,9 @@ def train_and_score(
         evaluate: `(params, split) -> (entity scores, predicted tags per word)`.
         epoch_extras: `(params) -> dict` added to each epoch's record.
     """
+    from bert_jax import finetune_common as common
+    from bert_jax import sharding
+
     results["epochs"] = []
     log_path = os.path.join(workdir, "train_log.jsonl")
     with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
@@ -188,6 +201,9 @@ def train_and_score(
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs the whole fine-tuning described by `config`; returns what metrics.json holds."""
+    from bert_jax import finetune_common as common
+    from bert_jax.heads import BertForTokenClassification
+
     start_time = time.time()
     os.makedirs(workdir, exist_ok=True)
     task = load_task(config)

@@ -32,30 +32,38 @@ on disk, read as a `Source`, and params-only Orbax), `load` (`load_pretrained`,
 `python -m bert_jax.convert` is the command line (`__main__`).
 """
 
-from bert_jax.convert.export import save_hf, to_hf_state_dict
-from bert_jax.convert.load import load_pretrained, load_source
-from bert_jax.convert.names import ConversionError, stack_layers, unstack_layers
-from bert_jax.convert.readers import (
-    check_vocab,
-    detect_format,
-    load_params,
-    open_source,
-    save_params,
-    writing_dir,
-)
+from __future__ import annotations
 
-__all__ = [
-    "ConversionError",
-    "check_vocab",
-    "detect_format",
-    "load_params",
-    "load_pretrained",
-    "load_source",
-    "open_source",
-    "save_hf",
-    "save_params",
-    "stack_layers",
-    "to_hf_state_dict",
-    "unstack_layers",
-    "writing_dir",
-]
+import importlib
+
+# Each public name and its submodule. Both are imported on first use (PEP 562), so that
+# `python -m bert_jax.convert -h` answers without loading JAX and Flax.
+_EXPORTS = {
+    "ConversionError": "names",
+    "check_vocab": "readers",
+    "detect_format": "readers",
+    "load_params": "readers",
+    "load_pretrained": "load",
+    "load_source": "load",
+    "open_source": "readers",
+    "save_hf": "export",
+    "save_params": "readers",
+    "stack_layers": "names",
+    "to_hf_state_dict": "export",
+    "unstack_layers": "names",
+    "writing_dir": "readers",
+}
+_SUBMODULES = ("electra", "export", "families", "load", "modernbert", "names", "readers")
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value

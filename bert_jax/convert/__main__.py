@@ -13,12 +13,6 @@ from __future__ import annotations
 
 import logging
 
-from bert_jax.convert.electra import read_electra_train_state, save_hf_electra
-from bert_jax.convert.export import save_hf
-from bert_jax.convert.load import load_pretrained
-from bert_jax.convert.names import with_layout
-from bert_jax.convert.readers import detect_format, save_params, tokenizer_files
-
 log = logging.getLogger("bert_jax.convert")
 
 
@@ -66,6 +60,13 @@ def _define_flags():
 def main(argv) -> None:
     from absl import app, flags
     from absl import logging as absl_logging
+
+    # Here, not at the top: `-h` answers without loading JAX and Flax.
+    from bert_jax.convert.electra import read_electra_train_state, save_hf_electra
+    from bert_jax.convert.export import save_hf
+    from bert_jax.convert.load import load_pretrained
+    from bert_jax.convert.names import with_layout
+    from bert_jax.convert.readers import detect_format, save_params, tokenizer_files
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
