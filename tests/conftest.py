@@ -16,22 +16,60 @@ processes they start and, on request, this one), the synthetic records, and one 
 pretraining run.
 """
 
+import contextlib
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+# The shared compilation cache's size limit: never reached by the suite (a few hundred MB);
+# any limit turns on JAX's file lock around cache reads and writes.
+CACHE_MAX_BYTES = 16 << 30
+
+
+def _run_dir(tmp_path_factory) -> Path:
+    """The folder of this pytest run that every xdist worker shares (each worker's own
+    basetemp lies in it); without xdist, the run's basetemp. Fresh in every run."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def _once_per_run(tmp_path_factory, name: str):
+    """Yields (folder, done) for a fixture built once per pytest run and shared by the
+    xdist workers: the first worker to take the lock builds `folder` (done False) and the
+    others wait for it and find it done. A failed build leaves no marker: the next worker
+    tries again, and fails as loudly."""
+    import filelock
+
+    folder = _run_dir(tmp_path_factory) / name
+    marker = folder.parent / f"{name}.done"
+    with filelock.FileLock(str(folder.parent / f"{name}.lock")):
+        done = marker.exists()
+        if not done:
+            shutil.rmtree(folder, ignore_errors=True)  # a failed build's leftovers
+            folder.mkdir()
+        yield folder, done
+        marker.touch()
 
 
 @pytest.fixture(scope="session")
 def xla_cache(tmp_path_factory):
-    """This session's persistent XLA compilation cache, empty at its start (nothing depends
-    on an earlier run). The `python -m experiments...` processes the tests start share it
+    """This run's persistent XLA compilation cache, empty at its start (nothing depends on
+    an earlier run). The `python -m experiments...` processes the tests start share it
     (`subprocess_env`), as do the in-process runs that ask for `compile_cache`: a program
     compiled once is loaded from it by every later process or run that builds the same one
-    (the same HLO, XLA flags and devices). Under pytest-xdist each worker has its own."""
-    return tmp_path_factory.mktemp("xla_cache")
+    (the same HLO, XLA flags and devices). Both xdist workers share it, so a program that
+    files on both workers build (the shared reference run's, test_resume's and
+    test_fault_injection's restarts) compiles once in the run; `CACHE_MAX_BYTES` makes JAX
+    take a file lock around every read and write (without a size limit it takes none, and a
+    reader could see a half-written entry)."""
+    cache = _run_dir(tmp_path_factory) / "xla_cache"
+    cache.mkdir(exist_ok=True)
+    return cache
 
 
 def subprocess_env(cache, devices: int = 2) -> dict[str, str]:
@@ -47,6 +85,7 @@ def subprocess_env(cache, devices: int = 2) -> dict[str, str]:
         JAX_COMPILATION_CACHE_DIR=str(cache),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        JAX_COMPILATION_CACHE_MAX_SIZE=str(CACHE_MAX_BYTES),
     )
 
 
@@ -65,9 +104,11 @@ def compile_cache(xla_cache):
             "jax_compilation_cache_dir",
             "jax_persistent_cache_min_compile_time_secs",
             "jax_persistent_cache_min_entry_size_bytes",
+            "jax_compilation_cache_max_size",
         )
     }
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     compilation_cache.set_cache_dir(str(xla_cache))
     compilation_cache.reset_cache()  # JAX decides once per process whether to use a cache
@@ -80,35 +121,41 @@ def compile_cache(xla_cache):
 @pytest.fixture(scope="session")
 def synthetic_data(tmp_path_factory):
     """Synthetic pretraining records (`synthetic_pretraining`): train-*.tfrecord, 2 files
-    of 64, and eval-*.tfrecord, 1 of 32. Shared: no test may write into it."""
+    of 64, and eval-*.tfrecord, 1 of 32. Written once per run, shared by the xdist workers
+    (the reference run reads these very files): no test may write into it."""
     import synthetic_pretraining as synth
 
-    directory = tmp_path_factory.mktemp("synthetic_data")
-    synth.write_records(str(directory), "train", 2, 64, seed=0)
-    synth.write_records(str(directory), "eval", 1, 32, seed=1)
+    with _once_per_run(tmp_path_factory, "synthetic_data") as (directory, done):
+        if not done:
+            synth.write_records(str(directory), "train", 2, 64, seed=0)
+            synth.write_records(str(directory), "eval", 1, 32, seed=1)
     return directory
 
 
 @pytest.fixture(scope="session")
 def pretrain_reference(tmp_path_factory, synthetic_data, xla_cache):
     """The workdir of one uninterrupted `synthetic_pretraining.pretrain_command` process
-    (its first compile fills the session's cache for the processes the tests start).
-    Shared: tests read it or copy it, never write into it."""
+    (its first compile fills the run's cache for the processes the tests start). Run once
+    per pytest run, whichever xdist worker asks first; shared: tests read it or copy it,
+    never write into it."""
     import subprocess
 
     import synthetic_pretraining as synth
 
-    workdir = tmp_path_factory.mktemp("pretrain_reference")
-    log = workdir.parent / f"{workdir.name}.log"
-    with open(log, "w") as out:
-        proc = subprocess.run(
-            synth.pretrain_command(workdir, synthetic_data),
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-            env=subprocess_env(xla_cache),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=480,
-        )
-    if proc.returncode:
-        pytest.fail(f"the reference run exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+    with _once_per_run(tmp_path_factory, "pretrain_reference") as (workdir, done):
+        if not done:
+            log = workdir.parent / f"{workdir.name}.log"
+            with open(log, "w") as out:
+                proc = subprocess.run(
+                    synth.pretrain_command(workdir, synthetic_data),
+                    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                    env=subprocess_env(xla_cache),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=480,
+                )
+            if proc.returncode:
+                pytest.fail(
+                    f"the reference run exited {proc.returncode}:\n{log.read_text()[-4000:]}"
+                )
     return workdir

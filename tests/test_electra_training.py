@@ -24,6 +24,10 @@ from bert_jax import checkpointing, electra, telemetry, train, train_loop
 from bert_jax.config import GENERATOR_SIZES, BertConfig, ConfigError, model_changes
 from bert_jax.convert.electra import read_electra_train_state
 
+# The uninterrupted run, the resumed pair and the MFU run build the same train step anew:
+# compiled once, loaded from the session's cache after.
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, STOP = 4, 2
 # Wall-clock figures, not results: left out when comparing two runs' logs.
