@@ -351,17 +351,13 @@ def test_tpu_layout_runs_phase_1_then_phase_2_on_a_local_bucket(tmp_path):
     for seq in ("seq128", "seq512"):
         synth.write_records(f"{data_dir}/{seq}", "train", 2, 16, seed=1)
         synth.write_records(f"{data_dir}/{seq}", "eval", 1, 8, seed=2)
-    # The synthetic ids are < 3000: a 3072-token vocab keeps the model (and the test) small.
-    with open(synth.minilm_vocab()) as f:
-        tokens = f.read().splitlines()[:3072]
-    with open(f"{data_dir}/vocab.txt", "w") as f:
-        f.write("\n".join(tokens) + "\n")
+    synth.write_vocab(f"{data_dir}/vocab.txt")  # the records' (small) vocab
 
     def shrunk(phase: str, stop: int):
         _, config = load("bert_base_paper.py", phase)
         config.bucket = bucket  # everything else follows the bucket
         config.model.preset, config.model.dtype = "tiny", "float32"
-        config.model.vocab_size = 3072
+        config.model.vocab_size = synth.VOCAB_SIZE
         config.data.max_seq_length, config.data.max_predictions_per_seq = synth.SEQ_LEN, 5
         config.data.shuffle_buffer = 64
         config.data.num_streams = 2  # 2 shards: the paper's 64 streams need 64

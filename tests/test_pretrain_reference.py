@@ -26,8 +26,10 @@ T = synthetic.SEQ_LEN
 
 
 def write_unmasked(directory: str, num_files: int, per_file: int) -> str:
-    """Unmasked single-segment records of random tokens (the demo's kind); returns a glob."""
+    """Unmasked single-segment records of random tokens (the demo's kind), and their vocab
+    beside them (`synthetic.vocab_of`); returns a glob."""
     rng = np.random.default_rng(0)
+    synthetic.write_vocab(synthetic.vocab_of(directory))
     paths = [os.path.join(directory, f"train-{i:03d}.tfrecord") for i in range(num_files)]
     with tfrecord_files.TFRecordShardWriter(paths) as writer:
         for i in range(num_files * per_file):
