@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import FAST_COMPILE
 
 from benchmarks import accelerator_bench as bench
 from benchmarks import accelerator_rows
@@ -104,7 +105,7 @@ def test_tiny_rehearsal_runs_every_row_without_tensorflow(tmp_path):
         OUT=str(out),
         JAX_PLATFORMS="cpu",
     )
-    env.pop("XLA_FLAGS", None)  # one CPU device, as the GPU machine has one GPU
+    env["XLA_FLAGS"] = FAST_COMPILE  # one CPU device, as the GPU machine has one GPU
     command = ["bash", "benchmarks/accelerator_run.sh", "--sizes=tiny,modern_tiny",
                "--seq_lens=32", "--steps=2", "--warmup=1", "--time_budget_s=600",
                f"--rows={','.join(REHEARSED)}", "--profile=ours/*/unpacked/einsum"]  # fmt: skip

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import synthetic_pretraining as synth
 import test_resume
+from conftest import FAST_COMPILE
 from test_model_flops import matmul_flops
 
 from bert_jax import checkpointing, electra, telemetry, train, train_loop
@@ -236,8 +237,7 @@ def test_a_workdir_exports_to_transformers_electra_models(straight, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     output = tmp_path / "hf"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("XLA_FLAGS", None)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS=FAST_COMPILE)
     result = subprocess.run(
         [sys.executable, "-m", "bert_jax.convert", f"--input={straight}", f"--output={output}"],
         cwd=REPO,
