@@ -124,12 +124,12 @@ def matmul(x: jax.Array, kernel: jax.Array, contract: int, dtype) -> jax.Array:
     forward's (`product_dtype`: in f32 on a CPU, with the same rounded operands): jax
     would multiply the f32 gradient with the bf16 copy in f32, which a TPU runs as one bf16
     pass anyway but a GPU runs as TF32 GEMMs (on an H100, BERT-Large's backward spent 61 of
-    228 ms a step in them, 2026-11-26). And the kernel's gradient
-    stays in f32 as the matmul accumulated it: jax would round it to `dtype` (the cast
+    228 ms a step in them, 2026-11-26). And the kernel's gradient leaves its product in
+    the kernel's dtype, f32 for f32 master weights: jax would round it to `dtype` (the cast
     copy's type) and back, and XLA then sums the gradients over the devices in bf16 before
     converting (the TPU compiler did so for every BERT-Large kernel). Here the cross-device
-    sum is in f32, as google-research/bert's and every mixed-precision recipe's.
-    """
+    sum is in f32, as google-research/bert's; a bf16 kernel (`train_state.cast_kernels`)
+    asks for the bf16 sum."""
     return _matmul_forward(x, kernel, contract, dtype)[0]
 
 
@@ -170,12 +170,13 @@ def _matmul_backward(contract, dtype, saved, g):
     dx = jax.lax.dot_general(
         g, kernel_c, ((g_axes, k_axes), ((), ())), preferred_element_type=jnp.float32
     )
-    # dkernel: x (..., *K) . g (..., *F) over the leading axes -> (*K, *F), left in f32.
+    # dkernel: x (..., *K) . g (..., *F) over the leading axes -> (*K, *F), in the kernel's
+    # dtype straight from the product: the compiler sums it over the devices right after.
     dkernel = jax.lax.dot_general(
         x_c,
         g,
         ((tuple(range(lead)), tuple(range(lead))), ((), ())),
-        preferred_element_type=jnp.float32,
+        preferred_element_type=kernel_type.dtype,
     )
     return dx.astype(x_type.dtype), dkernel.astype(kernel_type.dtype)
 

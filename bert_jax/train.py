@@ -87,6 +87,32 @@ def check_objective(config: ml_collections.ConfigDict) -> None:
         )
 
 
+# config.grad_reduce_dtype -> the dtype the step sums the matmul kernels' gradients over the
+# data-parallel devices in (`train_state.make_step`); None: f32.
+GRAD_REDUCE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
+
+
+def grad_reduce_dtype(config: ml_collections.ConfigDict):
+    """The `make_step` gradient-reduction dtype of `config` (absent key: "float32", None).
+
+    Raises:
+        ConfigError: a name not in GRAD_REDUCE_DTYPES, or "bfloat16" on a model that does not
+            compute in bf16 (the kernels it would read in bf16 would change its forward pass).
+    """
+    name = config.get("grad_reduce_dtype", "float32")
+    if name not in GRAD_REDUCE_DTYPES:
+        raise ConfigError(
+            f"config.grad_reduce_dtype must be one of {tuple(GRAD_REDUCE_DTYPES)}, got {name!r}"
+        )
+    if name != "float32" and config.model.dtype != name:
+        raise ConfigError(
+            f"config.grad_reduce_dtype={name!r} reads the matmul kernels in {name}, which "
+            f"only a model computing in it multiplies unchanged: set config.model.dtype="
+            f"{name!r} (got {config.model.dtype!r}) or config.grad_reduce_dtype='float32'"
+        )
+    return GRAD_REDUCE_DTYPES[name]
+
+
 def check_records_kind(config: ml_collections.ConfigDict) -> None:
     """Refuses training NSP on single-segment records, as far as their stats JSON tells.
 
@@ -212,17 +238,25 @@ def jit_steps(
     batch_keys=records.BATCH,
     layout: UpdateLayout | None = None,
     objective_losses: tuple = (train_loss, eval_step),
+    grad_reduce_dtype=None,
 ):
     """The jitted train and eval steps with explicit in/out shardings, for batches of
     `batch_keys` (`records.PACKED_BATCH` for packed batches); `layout` for a state stored
-    with the sharded weight update (`make_step`); `objective_losses` the objective's
-    (train loss, eval step) (`losses`)."""
+    with the sharded weight update and `grad_reduce_dtype` for kernel gradients summed in
+    bf16 (`make_step`); `objective_losses` the objective's (train loss, eval step) (`losses`)."""
     loss_fn, eval_fn = objective_losses
     replicated = NamedSharding(mesh, PartitionSpec())
     data = sharding.batch_sharding(mesh, rules)
     batch_shardings = {k: data for k in batch_keys}
     step = jax.jit(
-        make_step(functools.partial(loss_fn, model=model), tx, schedule, accum_steps, layout),
+        make_step(
+            functools.partial(loss_fn, model=model),
+            tx,
+            schedule,
+            accum_steps,
+            layout,
+            grad_reduce_dtype,
+        ),
         in_shardings=(shardings, batch_shardings, replicated),
         out_shardings=(shardings, replicated),
         donate_argnums=0,
@@ -257,6 +291,7 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
     so the check compiles exactly the steps that training runs.
     """
     check_objective(config)
+    reduce = grad_reduce_dtype(config)  # checked before anything is built
     cfg = model_config(config, vocab_size)
     model = pretraining_model(config, cfg)
     accum = config.optimizer.get("grad_accum_steps", 1)
@@ -283,6 +318,6 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
         else records.PACKED_BATCH
     )
     step_fn, eval_fn = jit_steps(
-        model, tx, schedule, mesh, shardings, accum, rules, keys, layout, losses(config)
+        model, tx, schedule, mesh, shardings, accum, rules, keys, layout, losses(config), reduce
     )
     return Setup(cfg, model, tx, inputs, abstract_state, shardings, step_fn, eval_fn, rules, layout)

@@ -158,6 +158,25 @@ def gather_params(params: Any, layout: UpdateLayout) -> Any:
     return jax.lax.with_sharding_constraint(params, layout.compute)
 
 
+def cast_kernels(params: Any, dtype) -> Any:
+    """`params` with every matmul kernel (a leaf named "kernel") cast to `dtype`.
+
+    What the bf16 gradient reduction (`make_step`'s `grad_reduce_dtype`) reads: the model
+    multiplies its kernels in its compute dtype anyway, so with that dtype the passes compute
+    the same values; but the kernel gradient now leaves its product in `dtype`
+    (`bert_jax.model.matmul` returns it in the kernel's dtype), which is where the compiler
+    sums it over the data-parallel devices: a bf16 all-reduce (or reduce-scatter) of half
+    the bytes. The cast's transpose puts the sum back in f32 for the update. Embedding
+    tables, LayerNorm and biases (~10% of BERT-Large's weights) are read, and summed, in f32.
+    """
+
+    def cast(path, x):
+        names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        return x.astype(dtype) if names and names[-1] == "kernel" else x
+
+    return jax.tree_util.tree_map_with_path(cast, params)
+
+
 def global_norm(tree) -> jax.Array:
     return optax.tree_utils.tree_norm(tree)
 
@@ -168,6 +187,7 @@ def make_step(
     schedule: optax.Schedule,
     accum_steps: int = 1,
     layout: UpdateLayout | None = None,
+    grad_reduce_dtype=None,
 ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
     """The pure train step of `loss_fn`: `(state, batch, rng, *args) -> (state, metrics)`.
 
@@ -183,6 +203,9 @@ def make_step(
             `layout.update`, where the params live (summed over the devices into the
             shards), so the clipping, the update and the norms each run on 1/N of every
             split leaf. The math is the replicated step's.
+        grad_reduce_dtype: None, or the dtype (bf16) the matmul kernels' gradients are summed
+            over the data-parallel devices in (MLPerf BERT's `reduce_gradients_in_bf16`;
+            `cast_kernels`). None: every gradient is summed in f32.
 
     Dropout randomness is `fold_in(rng, state.step)`, so a resumed run repeats the
     uninterrupted one exactly. The metrics are `loss_fn`'s plus the learning rate and the
@@ -190,9 +213,11 @@ def make_step(
     """
 
     def objective(params, *args):
-        if layout is None:
-            return loss_fn(params, *args)
-        return loss_fn(gather_params(params, layout), *args)
+        if layout is not None:
+            params = gather_params(params, layout)
+        if grad_reduce_dtype is not None:
+            params = cast_kernels(params, grad_reduce_dtype)
+        return loss_fn(params, *args)
 
     def train_step(state: TrainState, batch, rng, *args):
         dropout_rng = jax.random.fold_in(rng, state.step)

@@ -99,6 +99,10 @@ def get_config() -> ml_collections.ConfigDict:
     # into the shards, each device updating 1/N of the weights. Same math, less memory
     # and far less per-update HBM traffic per device (docs/tpu.md).
     config.shard_weight_update = False
+    # "bfloat16": the matmul kernels' gradients are summed over the data-parallel devices in
+    # bf16 (MLPerf BERT's reduce_gradients_in_bf16; needs model.dtype "bfloat16"): half the
+    # bytes of the step's largest collective, rounded sums (docs/tpu.md has both effects).
+    config.grad_reduce_dtype = "float32"
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "adamw"  # the original BERT AdamW ("lamb" for huge batches)
@@ -111,6 +115,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.optimizer.eps = 1e-6
     config.optimizer.max_grad_norm = 1.0  # global-norm clipping
     config.optimizer.grad_accum_steps = 1  # micro-batches per update
+    # "bfloat16": Adam's / LAMB's first moment stored in bf16 (2 bytes a weight less state,
+    # the update still computed in f32); "float32": the params' dtype (docs/tpu.md).
+    config.optimizer.mu_dtype = "float32"
 
     # A jax.profiler trace of steps [start_step, start_step + num_steps) in
     # <workdir>/plugins/profile for TensorBoard / XProf (docs/profiling.md).
