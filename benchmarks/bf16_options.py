@@ -18,12 +18,15 @@ the bytes of each kind of collective per core (the collectives' results, by dtyp
 from __future__ import annotations
 
 import collections
-import json
 import os
 import re
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from data_pipelines import cli
+
+FLAGS = flags.FLAGS
 
 VARIANTS = {  # name: (grad_reduce_dtype, optimizer.mu_dtype)
     "default": ("float32", "float32"),
@@ -85,14 +88,15 @@ def estimate(config) -> None:
 
 def curves(runs: str) -> None:
     """Prints held-out MLM loss / accuracy of each `<variant>-s<seed>` run at each eval."""
+    from bert_jax import telemetry
+
     table = {}
     for name in sorted(os.listdir(runs)):
         path = os.path.join(runs, name, "metrics.jsonl")
         if not os.path.exists(path):
             continue
-        with open(path) as f:
-            records = [json.loads(line) for line in f]
-        table[name] = {r["step"]: r for r in records if r.get("split") == "eval"}
+        records = telemetry.read_metrics(path)
+        table[name] = {r["step"]: r for r in records if r["split"] == "eval"}
     steps = sorted({s for evals in table.values() for s in evals})
     print("| run | " + " | ".join(f"step {s}" for s in steps) + " |")
     print("| --- |" + " ---: |" * len(steps))
@@ -117,8 +121,7 @@ if __name__ == "__main__":
     # Compile-only use of libtpu, as experiments.aot_compile's: JAX's own backend is the CPU.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    FLAGS = flags.FLAGS
     config_flags.DEFINE_config_file("config", None, "A TPU config (with `topology`).")
     flags.DEFINE_enum("what", "estimate", ["estimate", "curves"], "What to measure.")
     flags.DEFINE_string("runs", "", "--what=curves: the folder of the runs.")
-    app.run(main)
+    cli.run(main)
