@@ -48,7 +48,15 @@ def test_the_corpus_holds_no_scored_sentence_and_every_other_one(
     joined = "\n".join(sentences)
     assert not [t for t in long_scored if t in joined]
 
+    # A sentence quoting a scored text holds its first MIN_CONTAINED characters: only
+    # sentences holding one of those prefixes are searched for whole texts (the search of
+    # every sentence for every text took ~20 s).
+    size = prepare_corpus.MIN_CONTAINED
+    prefixes = {t[:size] for t in long_scored}
+
     def quotes(sentence: str) -> bool:
+        if not any(sentence[i : i + size] in prefixes for i in range(len(sentence) - size + 1)):
+            return False
         return any(t in sentence for t in long_scored if len(t) < len(sentence))
 
     # Nothing else is lost: the corpus is the file's sentences less the scored texts and
