@@ -128,6 +128,25 @@ def tiny_config_overrides(data_dir: str) -> list[str]:
     ]
 
 
+def tiny_shaped_config(num_hidden_layers: int = TINY.num_hidden_layers, dtype: str = "float32"):
+    """bert_tiny_cpu.py's config at TINY's shapes (`num_hidden_layers` of them) and the
+    records' T and P, no data files: for steps fed `random_batch`."""
+    from experiments.configs import bert_tiny_cpu
+
+    config = bert_tiny_cpu.get_config()
+    config.model.update(
+        num_hidden_layers=num_hidden_layers,
+        hidden_size=TINY.hidden_size,
+        num_attention_heads=TINY.num_attention_heads,
+        intermediate_size=TINY.intermediate_size,
+        vocab_size=TINY.vocab_size,
+        dtype=dtype,
+    )
+    config.data.max_seq_length = SEQ_LEN
+    config.data.max_predictions_per_seq = PREDICTIONS
+    return config
+
+
 def tiny_config(data_dir: str):
     """bert_tiny_cpu.py's config with `tiny_config_overrides` applied, for in-process runs."""
     from experiments.configs import bert_tiny_cpu

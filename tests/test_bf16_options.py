@@ -41,17 +41,7 @@ def _config(optimizer="adamw", reduce=None, mu=None, shard=False, dtype="bfloat1
     """bert_tiny_cpu.py at synth.TINY's shapes, one layer (fast compiles), bf16 matmuls (the
     TPU configs'); the option keys set only where given (None: absent, as in a config older
     than them)."""
-    config = bert_tiny_cpu.get_config()
-    config.model.update(
-        num_hidden_layers=1,
-        hidden_size=synth.TINY.hidden_size,
-        num_attention_heads=synth.TINY.num_attention_heads,
-        intermediate_size=synth.TINY.intermediate_size,
-        vocab_size=synth.TINY.vocab_size,
-        dtype=dtype,
-    )
-    config.data.max_seq_length = synth.SEQ_LEN
-    config.data.max_predictions_per_seq = synth.PREDICTIONS
+    config = synth.tiny_shaped_config(num_hidden_layers=1, dtype=dtype)
     config.optimizer.update(name=optimizer, learning_rate=5e-3, warmup_steps=1)
     config.num_train_steps = 20
     config.shard_weight_update = shard

@@ -16,7 +16,6 @@ from jax.sharding import PartitionSpec as P
 
 from bert_jax import checkpointing, sharding, train
 from bert_jax.train_state import run_keys, sharded_state
-from experiments.configs import bert_tiny_cpu
 
 # --- where each leaf lives -----------------------------------------------------------------
 
@@ -60,17 +59,7 @@ STEPS = 5
 def _config(optimizer: str, shard: bool, dtype: str = "float32") -> ml_collections.ConfigDict:
     """bert_tiny_cpu.py at the synthetic records' shapes (synth.TINY: every weight dimension
     divides by 8), a fast-warming `optimizer`, the update sharded or not."""
-    config = bert_tiny_cpu.get_config()
-    config.model.update(
-        num_hidden_layers=synth.TINY.num_hidden_layers,
-        hidden_size=synth.TINY.hidden_size,
-        num_attention_heads=synth.TINY.num_attention_heads,
-        intermediate_size=synth.TINY.intermediate_size,
-        vocab_size=synth.TINY.vocab_size,
-        dtype=dtype,
-    )
-    config.data.max_seq_length = synth.SEQ_LEN
-    config.data.max_predictions_per_seq = synth.PREDICTIONS
+    config = synth.tiny_shaped_config(dtype=dtype)
     config.optimizer.update(name=optimizer, learning_rate=5e-3, warmup_steps=3)
     config.num_train_steps = 20
     config.shard_weight_update = shard
