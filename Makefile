@@ -10,7 +10,7 @@ CORPUS := $(WORKDIR)/shakespeare
 
 .PHONY: install test test-extended test-slow demo features finetune-minilm ner-minilm features-ner-minilm pretrain \
 	pretrain-data lint clean help squad-minilm vitaminc-minilm imdb-minilm msra-minilm choice-minilm \
-	ablations-objectives ablations-size ablations-features electra-compare
+	ablations-objectives ablations-size ablations-features electra-compare recipe-compare
 
 help:  ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -132,6 +132,9 @@ ablations-features: $(STAMP)  ## Table 7: MiniLM feature-based NER (7 layer mixe
 electra-compare: $(STAMP)  ## ELECTRA vs MLM at equal compute (BERT-tiny, IMDB, few-label polarity; CPU hours)
 	$(PY) -m experiments.electra_compare --workdir=$(WORKDIR)/electra_compare \
 		--corpus_dir=$(WORKDIR)/imdb $(ARGS)
+
+recipe-compare: $(STAMP)  ## the demo's recipes (BERT, each modern choice, all) at equal wall time (CPU hours)
+	$(PY) -m experiments.recipe_compare --workdir=$(WORKDIR)/recipe_compare $(ARGS)
 
 # --- the embedded default: BERT-tiny pretrained on Shakespeare, from nothing -------------
 

@@ -45,9 +45,12 @@ def tag(model, vectorizer, features) -> list[list[str]]:
     return [[next(predicted) for _ in sentence] for sentence in features]
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def linear_reference(budgets, subsets: int, seed: int, dev_sentences: int = 500,
+                     test_sentences: int | None = None, c_values=(1.0, 10.0, 100.0),
+                     progress=None) -> list[dict]:  # fmt: skip
+    """Per budget (sorted): `labels`, `linear` (test entity F1 per subset, in the order of
+    `label_budgets.paired_subsets(..., subsets, seed)`), `mean` and `c` (the C chosen on dev
+    per subset). `progress()` is called after each subset."""
     from sklearn.feature_extraction import DictVectorizer
     from sklearn.linear_model import LogisticRegression
 
@@ -55,20 +58,21 @@ def main(argv):
 
     task = load_tagging_task("peoples_daily_ner")
     train = task.splits["train"]
-    dev, test = task.splits["dev"][: FLAGS.dev_sentences], task.splits["test"]
+    dev = task.splits["dev"][:dev_sentences]
+    test = task.splits["test"][: test_sentences or None]
     dev_features, test_features = sentence_features(dev), sentence_features(test)
-    budgets = sorted({int(b) for b in FLAGS.label_budgets})
-    subsets = label_budgets.paired_subsets(len(train), budgets, FLAGS.subsets, FLAGS.seed)
+    budgets = sorted({int(b) for b in budgets})
+    drawn = label_budgets.paired_subsets(len(train), budgets, subsets, seed)
     results = []
     for labels in budgets:
         f1, chosen = [], []
-        for indices in subsets[labels]:
+        for indices in drawn[labels]:
             examples = [train[i] for i in indices]
             vectorizer = DictVectorizer()
             x = vectorizer.fit_transform([f for s in sentence_features(examples) for f in s])
             y = [t for e in examples for t in e.tags]
             best = None
-            for c in (float(v) for v in FLAGS.c_values):
+            for c in c_values:
                 model = LogisticRegression(C=c, max_iter=2000).fit(x, y)
                 gold = [list(e.tags) for e in dev]
                 score = scoring.entity_scores(gold, tag(model, vectorizer, dev_features))["f1"]
@@ -78,9 +82,21 @@ def main(argv):
             predicted = tag(best[2], vectorizer, test_features)
             f1.append(scoring.entity_scores(gold, predicted)["f1"])
             chosen.append(best[1])
-        row = {"labels": labels, "linear": f1, "mean": float(np.mean(f1)), "c": chosen}
+            if progress:
+                progress()
+        results.append({"labels": labels, "linear": f1, "mean": float(np.mean(f1)), "c": chosen})
+    return results
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    results = linear_reference(
+        FLAGS.label_budgets, FLAGS.subsets, FLAGS.seed, FLAGS.dev_sentences,
+        FLAGS.test_sentences, [float(v) for v in FLAGS.c_values],
+    )  # fmt: skip
+    for row in results:
         print(json.dumps(row), flush=True)
-        results.append(row)
     if FLAGS.output:
         with open(FLAGS.output, "w", encoding="utf-8") as f:
             json.dump({"seed": FLAGS.seed, "label_budgets": results}, f, indent=2)
@@ -91,6 +107,8 @@ if __name__ == "__main__":
     flags.DEFINE_integer("subsets", 5, "Label subsets per budget (the demo's, same seed).")
     flags.DEFINE_integer("seed", 0, "The demo's --seed (it draws the subsets).")
     flags.DEFINE_integer("dev_sentences", 500, "Dev sentences that choose C (the demo's).")
+    flags.DEFINE_integer("test_sentences", None, "Score the first N test sentences (the "
+                         "demo's --test_sentences; default all).")  # fmt: skip
     flags.DEFINE_list("c_values", ["1", "10", "100"], "Inverse regularisation strengths tried.")
     flags.DEFINE_string("output", "", "A JSON file for the results (optional).")
     cli.run(main)

@@ -142,16 +142,56 @@ def _with_masked_decay(
     )
 
 
+def warmup_stable_decay(
+    peak_value: float, warmup_steps: int, total_steps: int, decay_fraction: float
+) -> optax.Schedule:
+    """Linear warmup from 0, the peak held, then linear decay to 0 over the last
+    `decay_fraction` of the steps (the "trapezoidal" or warmup-stable-decay schedule of
+    ModernBERT and MiniCPM: most steps at the peak, a short anneal at the end).
+    """
+    decay_steps = max(round(total_steps * decay_fraction), 1)
+    stable_end = max(total_steps - decay_steps, warmup_steps)
+    return optax.join_schedules(
+        [
+            optax.linear_schedule(0.0, peak_value, max(warmup_steps, 1)),
+            optax.constant_schedule(peak_value),
+            optax.linear_schedule(peak_value, 0.0, total_steps - stable_end),
+        ],
+        boundaries=[warmup_steps, stable_end],
+    )
+
+
+# config.optimizer.schedule -> what the learning rate does after warmup.
+SCHEDULES = (
+    "linear",  # polynomial decay (power `decay_power`, 1 = linear) to 0 from step 0: BERT
+    "wsd",  # held at the peak, then linear decay over the last `decay_fraction`: ModernBERT
+)
+
+
 def learning_rate_schedule(
     config: ml_collections.ConfigDict, num_train_steps: int
 ) -> optax.Schedule:
-    """The schedule an optimizer config describes, over `num_train_steps` updates."""
-    return warmup_polynomial_decay(
-        config.learning_rate,
-        config.warmup_steps,
-        num_train_steps,
-        power=config.get("decay_power", 1.0),
-    )
+    """The schedule an optimizer config describes, over `num_train_steps` updates.
+
+    Keys: learning_rate (the peak), warmup_steps, schedule (`SCHEDULES`; absent: "linear"),
+    decay_power ("linear"), decay_fraction ("wsd").
+    """
+    name = config.get("schedule", "linear")
+    if name == "linear":
+        return warmup_polynomial_decay(
+            config.learning_rate,
+            config.warmup_steps,
+            num_train_steps,
+            power=config.get("decay_power", 1.0),
+        )
+    if name == "wsd":
+        fraction = config.get("decay_fraction", 0.2)
+        if not 0 < fraction <= 1:
+            raise ValueError(f"config.optimizer.decay_fraction must be in (0, 1], got {fraction}")
+        return warmup_stable_decay(
+            config.learning_rate, config.warmup_steps, num_train_steps, fraction
+        )
+    raise ValueError(f"config.optimizer.schedule must be one of {SCHEDULES}, got {name!r}")
 
 
 # config.optimizer.mu_dtype -> the dtype the first moment is stored in (None: the params', f32).

@@ -72,9 +72,9 @@ def split_documents(corpus: str, train: str, held_out: str) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
-def predictions_per_seq(max_seq_length: int) -> int:
-    """15% of the sequence, rounded up (20 at 128, the original's setting)."""
-    return -(-max_seq_length * 15 // 100)
+def predictions_per_seq(max_seq_length: int, masked_lm_prob: float = 0.15) -> int:
+    """The masked share of the sequence, rounded up (15%: 20 at 128, the original's setting)."""
+    return -(-max_seq_length * round(masked_lm_prob * 100) // 100)
 
 
 def prepare_corpus(corpora: list[str], corpus_dir: str, vocab_size: int) -> str:

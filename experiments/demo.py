@@ -54,6 +54,7 @@ from absl import app, flags, logging
 
 from data_pipelines import cli, recipe
 from experiments import demo_report
+from experiments.configs import demo_arms
 from experiments.demo_report import ARMS, NER_TASK
 
 flags.DEFINE_enum("task", "ner", ["ner", "polarity"], "The downstream task (see the docstring).")
@@ -69,9 +70,16 @@ flags.DEFINE_list(
     "peoples_daily_unlabelled for ner, imdb for polarity).",
 )
 flags.DEFINE_integer("seed", 0, "Changes every seed of the run (see the docstring).")
+flags.DEFINE_enum(
+    "recipe", "bert", list(demo_arms.ARMS),
+    "ner: the pretraining recipe (experiments/configs/demo_arms.py): BERT's, one modern "
+    "choice, or all of them ('modern'); scratch is the same architecture.",
+)  # fmt: skip
 flags.DEFINE_integer("pretrain_steps", None, "Pretraining steps (default: the task's).")
 flags.DEFINE_integer("pretrain_batch_size", None, "Pretraining sequences per step.")
-flags.DEFINE_float("pretrain_learning_rate", None, "Peak pretraining learning rate.")
+flags.DEFINE_float(
+    "pretrain_learning_rate", None, "Peak pretraining learning rate (ner default: the recipe's)."
+)
 flags.DEFINE_enum(
     "pretrain_optimizer",
     "adamw_bias_corrected",
@@ -121,7 +129,7 @@ TASK_DEFAULTS = {
         "corpora": ["peoples_daily_unlabelled"],
         "pretrain_steps": 8_000,
         "pretrain_batch_size": 32,
-        "pretrain_learning_rate": 1e-3,
+        "pretrain_learning_rate": None,  # the recipe's (demo_arms.ARMS)
         "max_seq_length": 64,
         "label_budgets": ["100", "400", "1600"],
         "subsets": 5,
@@ -145,44 +153,52 @@ TASK_DEFAULTS = {
     },
 }
 
-TINY_CONFIG = "experiments/configs/bert_tiny_cpu.py"
+TINY_CONFIG = "experiments/configs/bert_tiny_cpu.py"  # polarity
+ARMS_CONFIG = "experiments/configs/demo_arms.py"  # ner: ARMS_CONFIG:<recipe>
 # Fine-tuning reads whole sentences (1% of People's Daily's are longer than 140 characters).
 NER_MAX_SEQ_LENGTH = 128
 # The flags that decide what the records and the pretrained model are: a workdir holds one.
 PRETRAINING_FLAGS = (
-    "task", "corpora", "seed", "pretrain_steps", "pretrain_batch_size",
+    "task", "recipe", "corpora", "seed", "pretrain_steps", "pretrain_batch_size",
     "pretrain_learning_rate", "pretrain_optimizer", "max_seq_length", "dupe_factor",
     "vocab_size",
 )  # fmt: skip
 
 # The flags the report reads (demo_report.report).
 REPORT_FLAGS = (
-    "task", "seed", "test_sentences", "corpora", "pretrain_steps", "pretrain_batch_size",
+    "task", "recipe", "seed", "test_sentences", "corpora", "pretrain_steps", "pretrain_batch_size",
     "pretrain_learning_rate", "pretrain_optimizer", "max_seq_length",
 )  # fmt: skip
 
 
 def setting(name: str):
-    """A flag's value, or the task's default when it was not given."""
+    """A flag's value, or the task's default when it was not given (ner's learning rate:
+    the recipe's)."""
     value = FLAGS[name].value
-    return TASK_DEFAULTS[FLAGS.task][name] if value in (None, []) else value
+    if value in (None, []):
+        value = TASK_DEFAULTS[FLAGS.task][name]
+    if name == "pretrain_learning_rate" and value is None:
+        value = demo_arms.ARMS[FLAGS.recipe].learning_rate
+    return value
 
 
 def pretrain(records_dir: str, vocab: str, workdir: str) -> str:
     """Stage 4 (resumes from its own checkpoints when rerun); returns its workdir."""
     out = os.path.join(workdir, "pretrain")
     steps, length = setting("pretrain_steps"), setting("max_seq_length")
-    objective = ["--config.objective=mlm", "--config.data.dynamic_masking=True"]
+    ner = FLAGS.task == "ner"
+    # ner: the recipe's config (masked LM alone, dynamic masking, the arm's changes).
+    config = f"{ARMS_CONFIG}:{FLAGS.recipe}" if ner else TINY_CONFIG
+    masking_rate = demo_arms.ARMS[FLAGS.recipe].masked_lm_prob if ner else 0.15
     recipe.run("4/6 pretrain", [
-        "experiments.pretrain", f"--config={TINY_CONFIG}", f"--workdir={out}",
+        "experiments.pretrain", f"--config={config}", f"--workdir={out}",
         "--verbosity=-1",  # the progress bar carries loss and MLM accuracy
         f"--config.seed={FLAGS.seed}",
-        *(objective if FLAGS.task == "ner" else []),
         f"--config.data.train_files={records_dir}/train-*.tfrecord",
         f"--config.data.eval_files={records_dir}/eval.tfrecord",
         f"--config.data.vocab_file={vocab}",
         f"--config.data.max_seq_length={length}",
-        f"--config.data.max_predictions_per_seq={recipe.predictions_per_seq(length)}",
+        f"--config.data.max_predictions_per_seq={recipe.predictions_per_seq(length, masking_rate)}",
         f"--config.global_batch_size={setting('pretrain_batch_size')}",
         f"--config.num_train_steps={steps}",
         f"--config.optimizer.name={FLAGS.pretrain_optimizer}",
@@ -298,10 +314,33 @@ def finetune_ner(pretrain_dir: str, vocab: str, workdir: str) -> dict:
         }
         results["optimizer_comparison"] = budget_row(budgets[0], other)
     logging.set_verbosity(logging.INFO)
+    results["linear"] = linear_reference(workdir, budgets, k)
     results["recipe"] = dataclasses.asdict(main) | {
         "dev_sentences": FLAGS.dev_sentences, "test_sentences": FLAGS.test_sentences
     }  # fmt: skip
     return results
+
+
+def linear_reference(workdir: str, budgets: list[int], k: int) -> list[dict]:
+    """The linear tagger on character windows (benchmarks.ner_linear_reference) on the same
+    subsets, dev and test sentences: what a model told that neighbours matter does with
+    these labels. Stored in the workdir (a rerun reads it back)."""
+    from tqdm import tqdm
+
+    from benchmarks.ner_linear_reference import linear_reference as fit
+
+    key = json.dumps([budgets, k, FLAGS.seed, FLAGS.dev_sentences, FLAGS.test_sentences])
+    path = os.path.join(workdir, f"linear_{hashlib.sha256(key.encode()).hexdigest()[:10]}.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    with tqdm(total=len(budgets) * k, desc="5/6 linear tagger", unit="subset") as bar:
+        rows = fit(budgets, k, FLAGS.seed, FLAGS.dev_sentences, FLAGS.test_sentences,
+                   progress=lambda: bar.update(1))  # fmt: skip
+    from bert_jax.finetune_common import write_json
+
+    write_json(path, rows)
+    return rows
 
 
 def recipe_id(r) -> str:

@@ -60,7 +60,7 @@ def report(
     """Writes results.md / results.json / curves.png; returns the Markdown report.
 
     Args:
-        flags: the demo's settings by flag name (the task's defaults applied): task, seed,
+        flags: the demo's settings by flag name (the task's defaults applied): task, recipe, seed,
             test_sentences, corpora, pretrain_steps, pretrain_batch_size,
             pretrain_learning_rate, pretrain_optimizer, max_seq_length.
     """
@@ -72,14 +72,20 @@ def report(
     budgets = finetuning["budgets"]
     ner = flags["task"] == "ner"
     metric = "entity F1" if ner else "accuracy"
+    linear = {row["labels"]: row["linear"] for row in finetuning.get("linear", [])}
     rows = [f"| labelled sentences | pretrained, test {metric} | from scratch | "
-            "gain (points), 95% interval |", "| ---: | ---: | ---: | ---: |"]  # fmt: skip
+            "gain (points), 95% interval |" + (" linear tagger |" if linear else ""),
+            "| ---: | ---: | ---: | ---: |" + (" ---: |" if linear else "")]  # fmt: skip
     for budget in budgets:
         (pre, pre_std), (scr, scr_std) = (_mean_std(budget[arm]) for arm in ARMS)
         d = budget["difference"]
-        rows.append(f"| {budget['labels']:,} | {100 * pre:.1f} ± {100 * pre_std:.1f} | "
-                    f"{100 * scr:.1f} ± {100 * scr_std:.1f} | {100 * d['mean']:+.1f} "
-                    f"[{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] |")  # fmt: skip
+        row = (f"| {budget['labels']:,} | {100 * pre:.1f} ± {100 * pre_std:.1f} | "
+               f"{100 * scr:.1f} ± {100 * scr_std:.1f} | {100 * d['mean']:+.1f} "
+               f"[{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] |")  # fmt: skip
+        if budget["labels"] in linear:
+            lin, lin_std = _mean_std(linear[budget["labels"]])
+            row += f" {100 * lin:.1f} ± {100 * lin_std:.1f} |"
+        rows.append(row)
     runs = len(budgets[0]["pretrained"])
     heldout = f"held-out MLM accuracy {final['mlm_accuracy']:.1%}" + (
         "" if ner else f", NSP accuracy {final['nsp_accuracy']:.1%}"
@@ -91,9 +97,15 @@ def report(
     text = "\n".join(rows) + (
         f"\n\n{what}, mean ± std over {runs} {'label subsets' if ner else 'fine-tuning seeds'}"
         " per budget, shared by both arms; the gain is the mean paired difference with its 95%"
-        f" t-interval. Pretraining on {'+'.join(flags['corpora'])} (seed {flags['seed']}, "
+        f" t-interval. Pretraining ({flags['recipe']} recipe) on {'+'.join(flags['corpora'])} "
+        f"(seed {flags['seed']}, "
         f"{final['step']} steps): {heldout}.\n"
     )
+    if linear:
+        text += (
+            "\nThe linear tagger: a logistic regression on character windows "
+            "(benchmarks.ner_linear_reference), the same subsets, dev and test sentences.\n"
+        )
     text += "\nPer subset (pretrained / scratch):\n\n" + "".join(
         f"- {b['labels']:,}: {_points(b['pretrained'])} / {_points(b['scratch'])}\n"
         for b in budgets
@@ -125,6 +137,7 @@ def report(
         "label_budgets": budgets,
         **{k: v for k, v in finetuning.items() if k != "budgets"},
         "pretraining": {
+            "recipe": flags["recipe"],
             "corpora": flags["corpora"],
             "steps": flags["pretrain_steps"],
             "batch_size": flags["pretrain_batch_size"],

@@ -86,22 +86,27 @@ def test_report_table_json_and_png(tmp_path):
         _budget(1600, [0.50, 0.50, 0.50], [0.47, 0.46, 0.48]),
     ]
     comparison = _budget(100, [0.18, 0.20, 0.22], [0.10, 0.10, 0.10], optimizer="adamw")
-    finetuning = {"budgets": budgets, "optimizer_comparison": comparison, "recipe": {"a": 1}}
+    linear = [{"labels": 100, "linear": [0.30, 0.32, 0.34]}]  # no row for 1,600: none shown
+    finetuning = {"budgets": budgets, "optimizer_comparison": comparison, "recipe": {"a": 1},
+                  "linear": linear}  # fmt: skip
     fill = [{"text": "[MASK][MASK]说", "entity": "江泽", "type": "PER",
              "predictions": [["江", "李"], ["泽", "鹏"]]}]  # fmt: skip
     extra = {"fill_mask": fill, "wall_time_s": {"total": 60.0}}
     text = demo.report(str(tmp_path), str(tmp_path / "pretrain"), finetuning, extra)
     # Paired differences 10, 9, 11 points: mean 10, t(2) interval 10 ± 4.303 * 1 / sqrt(3).
-    assert "| 100 | 22.0 ± 2.0 | 12.0 ± 1.7 | +10.0 [+7.5, +12.5] |" in text
-    assert "| 1,600 | 50.0 ± 0.0 | 47.0 ± 1.0 | +3.0 [+0.5, +5.5] |" in text
+    assert "| 100 | 22.0 ± 2.0 | 12.0 ± 1.7 | +10.0 [+7.5, +12.5] | 32.0 ± 2.0 |" in text
+    assert "| 1,600 | 50.0 ± 0.0 | 47.0 ± 1.0 | +3.0 [+0.5, +5.5] |\n" in text
+    assert "linear tagger |" in text.splitlines()[0]
     assert "- 100: 20.0 22.0 24.0 / 10.0 13.0 13.0" in text
     assert "adamw_bias_corrected 22.0 / 12.0, adamw 20.0 / 10.0" in text
     assert "[MASK][MASK]说 (PER 江泽): 江 李 | 泽 鹏" in text
     assert "held-out MLM accuracy 30.0%" in text and "(seed 3, 100 steps)" in text
+    assert "Pretraining (bert recipe)" in text
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["label_budgets"] == budgets and summary["seed"] == 3
     assert summary["task"] == "peoples_daily_ner"
     assert summary["optimizer_comparison"] == comparison and summary["fill_mask"] == fill
+    assert summary["linear"] == linear and summary["pretraining"]["recipe"] == "bert"
     assert [r["step"] for r in summary["pretraining"]["held_out"]] == [0, 100]
     assert summary["pretraining"]["held_out"][-1]["mlm_accuracy"] == 0.3
     assert summary["pretraining"]["objective"] == "mlm"
@@ -166,6 +171,9 @@ def test_a_tiny_ner_demo_end_to_end(tmp_path):
     assert summary["pretraining"]["objective"] == "mlm"
     held_out = summary["pretraining"]["held_out"]
     assert held_out[0]["step"] == 0 and held_out[-1]["step"] == 20
+    linear = summary["linear"]  # the linear tagger on the same subsets and sentences
+    assert [row["labels"] for row in linear] == [16, 24]
+    assert all(len(row["linear"]) == 2 and 0 <= min(row["linear"]) for row in linear)
     assert len(summary["fill_mask"]) == 6
     assert all(len(f["predictions"]) == len(f["entity"]) for f in summary["fill_mask"])
     assert (workdir / "curves.png").exists()

@@ -108,7 +108,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.optimizer.name = "adamw"  # the original BERT AdamW ("lamb" for huge batches)
     config.optimizer.learning_rate = 1e-3  # peak; small models take a larger rate
     config.optimizer.warmup_steps = 200  # linear warmup from 0
+    # After warmup (bert_jax.optim.SCHEDULES): "linear" decays to 0 from step 0 (BERT's,
+    # decay_power 1.0); "wsd" holds the peak, then decays over the last decay_fraction.
+    config.optimizer.schedule = "linear"
     config.optimizer.decay_power = 1.0  # polynomial decay to 0 (1.0 = linear)
+    config.optimizer.decay_fraction = 0.2  # "wsd" only
     config.optimizer.weight_decay = 0.01  # not applied to LayerNorm and biases
     config.optimizer.b1 = 0.9
     config.optimizer.b2 = 0.999

@@ -1,0 +1,85 @@
+r"""The demo's pretraining arms: BERT's recipe, each modern choice alone, and all of them.
+
+`experiments.demo --recipe=NAME` pretrains with `get_config(NAME)`; the comparison of the
+arms at equal wall time (issue 43) is `experiments.demo --recipes=...`. Each arm is
+`bert_tiny_cpu.py` (L2/H128/A2, the demo's model) with only its changes, so an arm's
+gain or loss is the choice's. The demo's flags (records, T, batch, steps, optimizer) apply
+to every arm alike; an arm's learning rate is its own unless --pretrain_learning_rate says.
+
+  python -m experiments.pretrain --config=experiments/configs/demo_arms.py:modern ...
+
+What the arms leave as BERT's: the model's size, dropout (0.1: the demo's corpus is small,
+~10 epochs in 8,000 steps), every layer global (ModernBERT's local layers save nothing at
+the demo's 64 characters), the tokenizer and the data. The held-out MLM metrics mask 15% in
+every arm (`data.eval_masked_lm_prob`), so arms training at another rate compare.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+
+from experiments.configs import bert_tiny_cpu
+
+# The feed-forward width of a GeGLU block with the parameters of BERT-tiny's GELU MLP
+# (2 x H x 4H = 3 x H x F, F = 8H / 3 = 341 at H = 128, rounded up to a multiple of 8).
+GLU_INTERMEDIATE_SIZE = 344
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One pretraining recipe: BERT-tiny's config with these changes."""
+
+    description: str
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # BertConfig fields
+    masked_lm_prob: float = 0.15  # the training masking rate
+    learning_rate: float = 1e-3  # the peak (the demo's BERT rate)
+    schedule: str = "linear"  # bert_jax.optim.SCHEDULES
+
+
+_ROTARY = {"position_encoding": "rotary"}
+_GEGLU = {"feed_forward": "glu", "intermediate_size": GLU_INTERMEDIATE_SIZE}
+_PRE_LN = {"norm_placement": "pre", "linear_bias": False, "norm_bias": False}
+
+ARMS: dict[str, Arm] = {
+    "bert": Arm("BERT: learned positions, GELU MLP, post-LN with biases, 15% masking, "
+                "peak 1e-3 with linear decay"),
+    "rotary": Arm("rotary positions (RoFormer; ModernBERT)", model=_ROTARY),
+    "alibi": Arm("ALiBi: a distance penalty on the attention logits (MosaicBERT)",
+                 model={"position_encoding": "alibi"}),
+    "geglu": Arm(f"GeGLU feed-forward, F={GLU_INTERMEDIATE_SIZE} (the MLP's parameters)",
+                 model=_GEGLU),
+    "pre_ln": Arm("pre-LN without biases (norms and dense layers)", model=_PRE_LN),
+    "mask30": Arm("30% of the characters masked in training (held-out: 15%)",
+                  masked_lm_prob=0.30),
+    "wsd": Arm("peak 2e-3, warmup-stable-decay (the last 20% of the steps decays)",
+               learning_rate=2e-3, schedule="wsd"),
+    "modern": Arm("all of them but ALiBi (a CPU-sized ModernBERT): rotary, GeGLU, pre-LN "
+                  "without biases, 30% masking, peak 2e-3 warmup-stable-decay",
+                  model=_ROTARY | _GEGLU | _PRE_LN, masked_lm_prob=0.30, learning_rate=2e-3,
+                  schedule="wsd"),
+}  # fmt: skip
+
+
+def apply(config: ml_collections.ConfigDict, arm: Arm) -> ml_collections.ConfigDict:
+    """`config` (a pretraining config) with `arm`'s changes."""
+    for field, value in arm.model.items():
+        config.model[field] = value
+    config.data.masked_lm_prob = arm.masked_lm_prob
+    config.data.eval_masked_lm_prob = 0.15
+    config.optimizer.learning_rate = arm.learning_rate
+    config.optimizer.schedule = arm.schedule
+    return config
+
+
+def get_config(name: str = "bert") -> ml_collections.ConfigDict:
+    if name not in ARMS:
+        raise ValueError(f"demo_arms.py: no arm {name!r}; the arms: {', '.join(ARMS)}")
+    config = bert_tiny_cpu.get_config()
+    # The demo's pretraining objective: masked LM alone on unmasked single segments, the
+    # masks drawn anew each epoch (NER never reads NSP).
+    config.objective = "mlm"
+    config.data.dynamic_masking = True
+    return apply(config, ARMS[name])

@@ -1,0 +1,271 @@
+"""The demo's pretraining recipes (experiments/configs/demo_arms.py), the warmup-stable-decay
+schedule (against transformers' own), and experiments.recipe_compare: the equal-time
+arithmetic, the timing of a run's log, the report's schema and paired intervals, and (extended
+tier) a tiny comparison end to end."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from bert_jax import optim, train
+from bert_jax.config import BertConfig
+from bert_jax.heads import BertForPreTraining
+from data_pipelines import recipe
+from experiments import demo, recipe_compare, recipe_report
+from experiments.configs import demo_arms
+
+REPO = Path(__file__).parent.parent
+
+
+# ------------------------------------------------------------------------------ schedule
+
+
+@pytest.mark.parametrize("total,warmup,fraction", [(100, 10, 0.2), (57, 3, 0.5), (40, 0, 1.0)])
+def test_warmup_stable_decay_is_transformers_wsd_schedule(total, warmup, fraction):
+    torch = pytest.importorskip("torch")
+    from transformers.optimization import get_wsd_schedule
+
+    peak = 2e-3
+    decay = round(total * fraction)
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    scheduler = get_wsd_schedule(sgd, num_warmup_steps=warmup, num_decay_steps=decay,
+                                 num_training_steps=total, decay_type="linear")  # fmt: skip
+    expected = []
+    for _ in range(total + 1):
+        expected.append(sgd.param_groups[0]["lr"])
+        sgd.step()
+        scheduler.step()
+    config = ml_collections.ConfigDict(
+        {"learning_rate": peak, "warmup_steps": warmup, "schedule": "wsd",
+         "decay_fraction": fraction}
+    )  # fmt: skip
+    schedule = optim.learning_rate_schedule(config, total)
+    ours = [float(schedule(step)) for step in range(total + 1)]
+    np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=1e-12)
+
+
+def test_the_linear_schedule_stays_the_default_and_a_bad_name_is_refused():
+    config = ml_collections.ConfigDict({"learning_rate": 1e-4, "warmup_steps": 10})
+    linear = optim.learning_rate_schedule(config, 100)
+    np.testing.assert_allclose(float(linear(10)), 1e-4 * 0.9, rtol=1e-6)  # BERT's, from step 0
+    config.schedule = "cosine"
+    with pytest.raises(ValueError, match=r"config.optimizer.schedule must be one of"):
+        optim.learning_rate_schedule(config, 100)
+    config.schedule, config.decay_fraction = "wsd", 0.0
+    with pytest.raises(ValueError, match=r"decay_fraction must be in \(0, 1\]"):
+        optim.learning_rate_schedule(config, 100)
+
+
+# ---------------------------------------------------------------------------------- arms
+
+
+def _model_config(arm: str) -> BertConfig:
+    return train.model_config(demo_arms.get_config(arm), vocab_size=5555)
+
+
+def _param_count(config: BertConfig) -> int:
+    module = BertForPreTraining(config, next_sentence=False)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    positions = jnp.zeros((1, 2), jnp.int32)
+    shapes = jax.eval_shape(module.init, jax.random.key(0), ids, ids, jnp.ones_like(ids), positions)
+    return sum(np.prod(x.shape) for x in jax.tree.leaves(shapes))
+
+
+def test_each_arm_changes_only_what_it_names():
+    bert = _model_config("bert")
+    assert bert.non_bert_fields() == []  # the demo's BERT-tiny, exactly
+    assert (bert.num_hidden_layers, bert.hidden_size, bert.num_attention_heads) == (2, 128, 2)
+    for name, arm in demo_arms.ARMS.items():
+        config = _model_config(name)
+        changed = {
+            f for f in BertConfig.__dataclass_fields__ if getattr(config, f) != getattr(bert, f)
+        }
+        assert changed == set(arm.model), name
+        pretraining = demo_arms.get_config(name)
+        assert pretraining.objective == "mlm" and pretraining.data.dynamic_masking
+        assert pretraining.data.masked_lm_prob == arm.masked_lm_prob
+        assert pretraining.data.eval_masked_lm_prob == 0.15  # every arm is scored alike
+        assert pretraining.optimizer.learning_rate == arm.learning_rate
+        assert pretraining.optimizer.schedule == arm.schedule
+    modern = demo_arms.ARMS["modern"]
+    singles = ("rotary", "geglu", "pre_ln")
+    assert modern.model == {k: v for n in singles for k, v in demo_arms.ARMS[n].model.items()}
+    assert modern.masked_lm_prob == demo_arms.ARMS["mask30"].masked_lm_prob == 0.30
+    wsd = demo_arms.ARMS["wsd"]
+    assert (modern.learning_rate, modern.schedule) == (wsd.learning_rate, wsd.schedule)
+
+
+def test_geglu_has_the_mlps_parameters_and_positions_cost_their_table():
+    bert, geglu = _param_count(_model_config("bert")), _param_count(_model_config("geglu"))
+    assert abs(geglu - bert) / bert < 0.005, (geglu, bert)
+    rotary = _param_count(_model_config("rotary"))
+    assert bert - rotary == 512 * 128  # the learned position table, and nothing else
+
+
+def test_an_unknown_arm_names_the_arms():
+    with pytest.raises(ValueError, match=r"no arm 'rope'.*bert, rotary, alibi"):
+        demo_arms.get_config("rope")
+
+
+def test_predictions_per_seq_follows_the_masking_rate():
+    assert recipe.predictions_per_seq(128) == 20  # the original's
+    assert recipe.predictions_per_seq(64) == 10
+    assert recipe.predictions_per_seq(64, 0.30) == 20  # ceil(19.2)
+    assert recipe.predictions_per_seq(512, 0.30) == 154
+
+
+@pytest.fixture
+def parse_demo_flags():
+    """Parses the demo's flags from their defaults; leaves them at the defaults after."""
+
+    def parse(*args):
+        demo.FLAGS.unparse_flags()
+        demo.FLAGS(["demo", *args])
+
+    yield parse
+    demo.FLAGS.unparse_flags()
+    demo.FLAGS(["demo"])
+
+
+def test_the_demo_pretrains_with_its_recipe(monkeypatch, tmp_path, parse_demo_flags):
+    calls = []
+    monkeypatch.setattr(recipe, "run", lambda stage, args: calls.append(args))
+    parse_demo_flags("--recipe=modern", "--pretrain_steps=100")
+    assert demo.setting("pretrain_learning_rate") == 2e-3  # the recipe's peak
+    demo.pretrain("records", "vocab.txt", str(tmp_path))
+    args = calls[-1]
+    assert "--config=experiments/configs/demo_arms.py:modern" in args
+    assert "--config.data.max_predictions_per_seq=20" in args  # 30% of 64
+    assert "--config.optimizer.learning_rate=0.002" in args
+    parse_demo_flags("--recipe=modern", "--pretrain_learning_rate=5e-4")
+    assert demo.setting("pretrain_learning_rate") == 5e-4  # a flag given wins
+    parse_demo_flags()
+    assert demo.FLAGS.recipe == "bert" and demo.setting("pretrain_learning_rate") == 1e-3
+    parse_demo_flags("--task=polarity")
+    demo.pretrain("records", "vocab.txt", str(tmp_path))
+    assert "--config=experiments/configs/bert_tiny_cpu.py" in calls[-1]
+
+
+# ------------------------------------------------------------------------------ harness
+
+
+def test_equal_time_steps():
+    steps = recipe_compare.equal_time_steps(8000, {"bert": 0.18, "modern": 0.22}, "bert")
+    assert steps == {"bert": 8000, "modern": round(8000 * 0.18 / 0.22)}  # 6,545
+    with pytest.raises(ValueError, match="reference arm 'bert' has no measured time"):
+        recipe_compare.equal_time_steps(8000, {"modern": 0.2}, "bert")
+    with pytest.raises(ValueError, match="must be positive"):
+        recipe_compare.equal_time_steps(8000, {"bert": 0.2, "modern": 0.0}, "bert")
+
+
+def test_seconds_per_step_weights_the_intervals_after_the_first():
+    log = [
+        {"split": "train", "step": 50, "steps_per_second": 1.0},  # compiles: left out
+        {"split": "eval", "step": 50, "loss": 3.0},
+        {"split": "train", "step": 100, "steps_per_second": 5.0},  # 50 steps in 10 s
+        {"split": "train", "step": 300, "steps_per_second": 10.0},  # 200 steps in 20 s
+    ]
+    assert recipe_compare.seconds_per_step(log) == pytest.approx(30 / 250)
+    with pytest.raises(ValueError, match="two logged intervals"):
+        recipe_compare.seconds_per_step(log[:2])
+
+
+def _run(pretrained, scratch, mlm):
+    budgets = [{"labels": 100, "pretrained": pretrained[0], "scratch": scratch[0]},
+               {"labels": 400, "pretrained": pretrained[1], "scratch": scratch[1]}]  # fmt: skip
+    held = [{"step": 0, "mlm_accuracy": 0.0}, {"step": 100, "mlm_accuracy": mlm}]
+    return {"label_budgets": budgets, "pretraining": {"held_out": held},
+            "wall_time_s": {"pretrain": 60.0}}  # fmt: skip
+
+
+def test_the_report_pairs_arms_by_seed_and_subset(tmp_path):
+    runs = {
+        ("bert", 0): _run(([0.10, 0.12], [0.3, 0.3]), ([0.05, 0.07], [0.2, 0.2]), 0.15),
+        ("bert", 1): _run(([0.11, 0.13], [0.3, 0.3]), ([0.06, 0.08], [0.2, 0.2]), 0.14),
+        ("modern", 0): _run(([0.20, 0.23], [0.4, 0.4]), ([0.05, 0.08], [0.2, 0.2]), 0.30),
+        ("modern", 1): _run(([0.22, 0.25], [0.4, 0.5]), ([0.06, 0.07], [0.2, 0.2]), 0.31),
+    }
+    rows = [{"labels": 100, "linear": [0.2, 0.2]}, {"labels": 400, "linear": [0.4, 0.4]}]
+    linear = {s: {"label_budgets": rows} for s in (0, 1)}
+    arms = {
+        arm: {"description": arm.upper(), "steps": steps, "flops_per_step": 1e12,
+              "pretrain_flops": steps * 1e12}
+        for arm, steps in (("bert", 8000), ("modern", 6550))
+    }  # fmt: skip
+    calibration = {"steps": 400, "arms": {"bert": {"seconds_per_step": 0.18, "load": 0.5}}}
+    text = recipe_report.report(str(tmp_path), arms, runs, linear, "bert", calibration)
+
+    # At 100 labels, pairs (seed, subset): modern minus its scratch 0.15, 0.15, 0.16, 0.18;
+    # modern minus bert 0.10, 0.11, 0.11, 0.12; t(3) = 3.182446, half = t * std / sqrt(4).
+    def interval(d):
+        half = 3.182446 * np.std(d, ddof=1) / 2
+        mean = np.mean(d)
+        return f"{100 * mean:+.1f} [{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}]"
+
+    gain, versus = interval([0.15, 0.15, 0.16, 0.18]), interval([0.10, 0.11, 0.11, 0.12])
+    assert gain == "+16.0 [+13.7, +18.3]" and versus == "+11.0 [+9.7, +12.3]"
+    row = f"| modern | 22.5 ± 2.1 | 6.5 ± 1.3 | {gain} | {versus} |"
+    assert row in text, text
+    assert "| bert | BERT | 8,000 | 8.00 | 0.180 | 15.0% / 14.0% |" in text
+    assert "| modern | MODERN | 6,550 | 6.55 | - | 30.0% / 31.0% |" in text
+    assert "bert minus linear: -8.5 [" in text  # 0.115 - 0.2 at 100 labels
+    summary = json.loads((tmp_path / "comparison.json").read_text())
+    assert summary["version"] == recipe_report.COMPARISON_VERSION
+    assert summary["seeds"] == [0, 1] and summary["reference"] == "bert"
+    cell = summary["budgets"][0]["arms"]["modern"]
+    assert cell["pretrained"] == [0.20, 0.23, 0.22, 0.25]  # seed 0's subsets, then seed 1's
+    assert cell["vs_reference"]["mean"] == pytest.approx(0.11)
+    assert summary["budgets"][0]["arms"]["bert"]["vs_reference"] is None
+    assert summary["arms"]["modern"]["held_out"]["1"][-1]["mlm_accuracy"] == 0.31
+    assert summary["calibration"] == calibration
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_help():
+    result = subprocess.run([sys.executable, "-m", "experiments.recipe_compare", "--help"],
+                            capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
+    assert result.returncode == 0
+    assert "--arms" in result.stdout and "--calibration_steps" in result.stdout
+    assert "--label_budgets" in result.stdout  # the demo's flags pass on
+
+
+@pytest.mark.extended  # a few minutes
+def test_a_tiny_comparison_end_to_end(tmp_path):
+    """Calibration, two arms' demos (the real corpus, 12 pretraining steps at most), the
+    linear reference on the same subsets, the report; a rerun reads everything back."""
+    workdir = tmp_path / "compare"
+    command = [
+        sys.executable, "-m", "experiments.recipe_compare", f"--workdir={workdir}",
+        "--arms=bert,modern", "--calibration_steps=10", "--pretrain_steps=12",
+        "--pretrain_batch_size=8", "--label_budgets=16", "--subsets=2",
+        "--min_finetune_steps=4", "--max_finetune_steps=4", "--finetune_batch_size=8",
+        "--dev_sentences=40", "--test_sentences=100", "--finetune_learning_rates=1e-3",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=2400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    calibration = json.loads((workdir / "calibration.json").read_text())
+    assert set(calibration["arms"]) == {"bert", "modern"} and calibration["steps"] == 10
+    summary = json.loads((workdir / "comparison.json").read_text())
+    steps = {arm: info["steps"] for arm, info in summary["arms"].items()}
+    assert steps == recipe_compare.equal_time_steps(
+        12, {a: t["seconds_per_step"] for a, t in calibration["arms"].items()}, "bert"
+    )
+    for arm in ("bert", "modern"):
+        held = summary["arms"][arm]["held_out"]["0"]
+        assert held[-1]["step"] == steps[arm]
+        results = json.loads((workdir / f"{arm}_seed0" / "results.json").read_text())
+        assert results["pretraining"]["recipe"] == arm
+        assert len(summary["budgets"][0]["arms"][arm]["pretrained"]) == 2
+    assert len(summary["budgets"][0]["linear"]) == 2
+    assert "| modern |" in result.stdout and "bert minus linear" in result.stdout
+    again = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[3/4 demo]" not in again.stderr  # every run read back
+    assert json.loads((workdir / "comparison.json").read_text())["budgets"] == summary["budgets"]
