@@ -75,7 +75,9 @@ flags.DEFINE_enum(
     "ner: the pretraining recipe (experiments/configs/demo_arms.py): BERT's, one modern "
     "choice, or all of them ('modern'); scratch is the same architecture.",
 )  # fmt: skip
-flags.DEFINE_integer("pretrain_steps", None, "Pretraining steps (default: the task's).")
+flags.DEFINE_integer(
+    "pretrain_steps", None, "Pretraining steps (default: the task's; ner: the recipe's)."
+)
 flags.DEFINE_integer("pretrain_batch_size", None, "Pretraining sequences per step.")
 flags.DEFINE_float(
     "pretrain_learning_rate", None, "Peak pretraining learning rate (ner default: the recipe's)."
@@ -127,7 +129,7 @@ FLAGS = flags.FLAGS
 TASK_DEFAULTS = {
     "ner": {
         "corpora": ["peoples_daily_unlabelled"],
-        "pretrain_steps": 8_000,
+        "pretrain_steps": None,  # the recipe's (demo_arms.ARMS: BERT's 8,000 or its wall time)
         "pretrain_batch_size": 32,
         "pretrain_learning_rate": None,  # the recipe's (demo_arms.ARMS)
         "max_seq_length": 64,
@@ -177,8 +179,11 @@ def setting(name: str):
     value = FLAGS[name].value
     if value in (None, []):
         value = TASK_DEFAULTS[FLAGS.task][name]
+    arm = demo_arms.ARMS[FLAGS.recipe]
     if name == "pretrain_learning_rate" and value is None:
-        value = demo_arms.ARMS[FLAGS.recipe].learning_rate
+        value = arm.learning_rate
+    if name == "pretrain_steps" and value is None:
+        value = arm.demo_steps or 8_000
     return value
 
 

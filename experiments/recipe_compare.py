@@ -142,8 +142,10 @@ def arm_steps(workdir: str, corpus_dir: str) -> dict[str, int]:
     if all(arm in given for arm in FLAGS.arms):
         return {arm: given[arm] for arm in FLAGS.arms}
     timed = calibrate(workdir, corpus_dir)["arms"]
+    with _demo_flags(recipe=FLAGS.reference):  # its demo steps, unless --pretrain_steps says
+        reference_steps = demo.setting("pretrain_steps")
     steps = equal_time_steps(
-        demo.setting("pretrain_steps"),
+        reference_steps,
         {arm: timed[arm]["seconds_per_step"] for arm in FLAGS.arms},
         FLAGS.reference,
     )

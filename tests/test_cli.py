@@ -62,8 +62,9 @@ def test_h_prints_the_help_and_exits_0(tool):
     assert "Traceback" not in result.stderr
 
 
-# The demo's functions read its flags (its tests parse them in-process).
-DEFINES_FLAGS_AT_IMPORT = {"experiments/demo.py"}
+# The demo's functions read its flags (its tests parse them in-process); recipe_compare
+# runs the demo's stages with the demo's flags, and adds its own to them.
+DEFINES_FLAGS_AT_IMPORT = {"experiments/demo.py", "experiments/recipe_compare.py"}
 
 
 def test_importing_a_tool_defines_no_flags():
