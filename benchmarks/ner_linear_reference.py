@@ -46,11 +46,11 @@ def tag(model, vectorizer, features) -> list[list[str]]:
 
 
 def linear_reference(budgets, subsets: int, seed: int, dev_sentences: int = 500,
-                     test_sentences: int | None = None, c_values=(1.0, 10.0, 100.0),
-                     progress=None) -> list[dict]:  # fmt: skip
-    """Per budget (sorted): `labels`, `linear` (test entity F1 per subset, in the order of
-    `label_budgets.paired_subsets(..., subsets, seed)`), `mean` and `c` (the C chosen on dev
-    per subset). `progress()` is called after each subset."""
+                     test_sentences: int | None = None,
+                     c_values=(1.0, 10.0, 100.0)) -> list[dict]:  # fmt: skip
+    """Per budget (sorted; "all": every training sentence): `labels`, `linear` (test entity
+    F1 per subset, in the order of `label_budgets.paired_subsets(..., subsets, seed)`), `mean`
+    and `c` (the C chosen on dev per subset)."""
     from sklearn.feature_extraction import DictVectorizer
     from sklearn.linear_model import LogisticRegression
 
@@ -61,7 +61,7 @@ def linear_reference(budgets, subsets: int, seed: int, dev_sentences: int = 500,
     dev = task.splits["dev"][:dev_sentences]
     test = task.splits["test"][: test_sentences or None]
     dev_features, test_features = sentence_features(dev), sentence_features(test)
-    budgets = sorted({int(b) for b in budgets})
+    budgets = sorted({len(train) if b == "all" else int(b) for b in budgets})
     drawn = label_budgets.paired_subsets(len(train), budgets, subsets, seed)
     results = []
     for labels in budgets:
@@ -82,8 +82,6 @@ def linear_reference(budgets, subsets: int, seed: int, dev_sentences: int = 500,
             predicted = tag(best[2], vectorizer, test_features)
             f1.append(scoring.entity_scores(gold, predicted)["f1"])
             chosen.append(best[1])
-            if progress:
-                progress()
         results.append({"labels": labels, "linear": f1, "mean": float(np.mean(f1)), "c": chosen})
     return results
 
