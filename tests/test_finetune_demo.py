@@ -101,12 +101,12 @@ def test_report_table_json_and_png(tmp_path):
     assert "adamw_bias_corrected 22.0 / 12.0, adamw 20.0 / 10.0" in text
     assert "[MASK][MASK]说 (PER 江泽): 江 李 | 泽 鹏" in text
     assert "held-out MLM accuracy 30.0%" in text and "(seed 3, 100 steps)" in text
-    assert "Pretraining (bert recipe)" in text
+    assert "Pretraining (modern recipe)" in text
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["label_budgets"] == budgets and summary["seed"] == 3
     assert summary["task"] == "peoples_daily_ner"
     assert summary["optimizer_comparison"] == comparison and summary["fill_mask"] == fill
-    assert summary["linear"] == linear and summary["pretraining"]["recipe"] == "bert"
+    assert summary["linear"] == linear and summary["pretraining"]["recipe"] == "modern"
     assert [r["step"] for r in summary["pretraining"]["held_out"]] == [0, 100]
     assert summary["pretraining"]["held_out"][-1]["mlm_accuracy"] == 0.3
     assert summary["pretraining"]["objective"] == "mlm"
@@ -187,6 +187,7 @@ def test_a_tiny_ner_demo_end_to_end(tmp_path):
     assert comparison["labels"] == 16 and comparison["optimizer"] == "adamw"
     assert budgets[0]["optimizer"] == "adamw_bias_corrected"
     assert summary["pretraining"]["objective"] == "mlm"
+    assert summary["pretraining"]["recipe"] == "modern"  # the default recipe
     held_out = summary["pretraining"]["held_out"]
     assert held_out[0]["step"] == 0 and held_out[-1]["step"] == 20
     linear = summary["linear"]  # the linear tagger on the same subsets and sentences
