@@ -45,6 +45,8 @@ PRETRAINING = {
     "modernbert_base.py": (None,),
     "modernbert_tiny_cpu.py": (None,),
     "modernbert_base_tpu.py": ("phase1", "phase2"),
+    # The demo's recipes (the demo sets T, P, batch and steps on the command line).
+    "demo_arms.py": ("bert", "rotary", "alibi", "geglu", "pre_ln", "mask30", "wsd", "modern"),
 }
 HELPERS = ("__init__.py", "cloud_tpu.py")
 TPU_CONFIGS = (
@@ -59,7 +61,11 @@ TPU_CONFIGS = (
 # Keys a pretraining config may have beyond the tiny config's (all read by the TPU
 # tooling): the slice, the bucket, the data root, where a phase's step count starts; and
 # the held-out masking rate of configs training at another rate than 15%.
-EXTRA_KEYS = {"topology", "bucket", "data_dir", "start_step", "data.eval_masked_lm_prob"}
+EXTRA_KEYS = {"topology", "bucket", "data_dir", "start_step", "data.eval_masked_lm_prob"} | {
+    # The architecture switches a recipe sets beside its preset (demo_arms.py).
+    f"model.{field}"
+    for field in ("position_encoding", "feed_forward", "norm_placement", "linear_bias", "norm_bias")
+}
 PAPER_RECIPE = (
     "bert_base.py",
     "bert_large.py",

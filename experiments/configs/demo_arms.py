@@ -14,8 +14,6 @@ the demo's 64 characters), the tokenizer and the data. The held-out MLM metrics 
 every arm (`data.eval_masked_lm_prob`), so arms training at another rate compare.
 """
 
-from __future__ import annotations
-
 import dataclasses
 from typing import Any
 
