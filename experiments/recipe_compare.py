@@ -87,8 +87,8 @@ def seconds_per_step(metrics: list[dict]) -> float:
     return seconds / sum(steps)
 
 
-def pretrain_flops(arm: str, vocab_size: int, steps: int) -> tuple[float, float]:
-    """(model FLOPs per step, FLOPs of `steps` steps) of `arm` at the demo's shapes."""
+def flops_per_step(arm: str, vocab_size: int) -> float:
+    """Model FLOPs of one pretraining step of `arm` at the demo's shapes."""
     from bert_jax import train
 
     config = demo_arms.get_config(arm)
@@ -98,13 +98,13 @@ def pretrain_flops(arm: str, vocab_size: int, steps: int) -> tuple[float, float]
         length, demo_arms.ARMS[arm].masked_lm_prob
     )
     config.global_batch_size = demo.setting("pretrain_batch_size")
-    per_step = train.flops_per_step(config, train.model_config(config, vocab_size))
-    return per_step, per_step * steps
+    return train.flops_per_step(config, train.model_config(config, vocab_size))
 
 
 def calibrate(workdir: str, corpus_dir: str) -> dict:
     """Stage 1: every arm's seconds per step (calibration.json; arms timed before are kept)."""
     from bert_jax import telemetry
+    from bert_jax.finetune_common import write_json
 
     path = os.path.join(workdir, "calibration.json")
     done = _read(path) or {"steps": FLAGS.calibration_steps, "arms": {}}
@@ -126,7 +126,7 @@ def calibrate(workdir: str, corpus_dir: str) -> dict:
             demo.pretrain(records, vocab, out)
         metrics = telemetry.read_metrics(os.path.join(out, "pretrain", "metrics.jsonl"))
         done["arms"][arm] = {"seconds_per_step": seconds_per_step(metrics), "load": load}
-        _write(path, done)
+        write_json(path, done)
     return done
 
 
@@ -205,15 +205,15 @@ def main(argv):
         vocab_size = sum(1 for _ in f)
     from experiments import recipe_report
 
-    arms = {
-        arm: {
+    arms = {}
+    for arm in FLAGS.arms:
+        flops = flops_per_step(arm, vocab_size)
+        arms[arm] = {
             "description": demo_arms.ARMS[arm].description,
             "steps": steps[arm],
-            "flops_per_step": pretrain_flops(arm, vocab_size, steps[arm])[0],
-            "pretrain_flops": pretrain_flops(arm, vocab_size, steps[arm])[1],
+            "flops_per_step": flops,
+            "pretrain_flops": flops * steps[arm],
         }
-        for arm in FLAGS.arms
-    }
     calibration = _read(os.path.join(workdir, "calibration.json"))
     text = recipe_report.report(workdir, arms, runs, linear, FLAGS.reference, calibration)
     print("\n" + text)
@@ -246,13 +246,6 @@ def _read(path: str):
         return None
     with open(path, encoding="utf-8") as f:
         return json.load(f)
-
-
-def _write(path: str, data) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
