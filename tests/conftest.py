@@ -159,3 +159,21 @@ def pretrain_reference(tmp_path_factory, synthetic_data, xla_cache):
                     f"the reference run exited {proc.returncode}:\n{log.read_text()[-4000:]}"
                 )
     return workdir
+
+
+@pytest.fixture
+def parse_demo_flags():
+    """`parse(*args)`: experiments.demo's flags parsed from their defaults. Only the demo's
+    own flags are reset (absl's --verbosity, reset, would silence absl INFO logs that later
+    tests of the worker read); every flag is as before the test after it."""
+    from absl.testing import flagsaver
+
+    from experiments import demo
+
+    def parse(*args):
+        for flag in demo.FLAGS.get_flags_for_module(demo):
+            flag.unparse()
+        demo.FLAGS(["demo", *args])
+
+    with flagsaver.flagsaver():
+        yield parse

@@ -114,22 +114,20 @@ def test_report_table_json_and_png(tmp_path):
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_linear_tagger_fits_in_the_background_on_the_demos_subsets(tmp_path):
+def test_the_linear_tagger_fits_in_the_background_on_the_demos_subsets(tmp_path, parse_demo_flags):
     from benchmarks.ner_linear_reference import linear_reference
 
-    flags = ["--label_budgets=20,12", "--subsets=2", "--dev_sentences=30", "--test_sentences=40"]
-    demo.FLAGS(["demo", "--seed=4", *flags])
-    try:
-        background = demo.LinearReference(str(tmp_path))
-        assert background.process is not None
-        rows = background.result()
-        assert rows == linear_reference(["20", "12"], 2, 4, 30, 40)
-        assert [r["labels"] for r in rows] == [12, 20] and len(rows[0]["linear"]) == 2
-        again = demo.LinearReference(str(tmp_path))  # the same settings: read back
-        assert again.process is None and again.result() == rows
-    finally:
-        demo.FLAGS.unparse_flags()
-        demo.FLAGS(["demo"])
+    parse_demo_flags(
+        "--seed=4", "--label_budgets=20,12", "--subsets=2", "--dev_sentences=30",
+        "--test_sentences=40",
+    )  # fmt: skip
+    background = demo.LinearReference(str(tmp_path))
+    assert background.process is not None
+    rows = background.result()
+    assert rows == linear_reference(["20", "12"], 2, 4, 30, 40)
+    assert [r["labels"] for r in rows] == [12, 20] and len(rows[0]["linear"]) == 2
+    again = demo.LinearReference(str(tmp_path))  # the same settings: read back
+    assert again.process is None and again.result() == rows
 
 
 def test_each_task_has_its_defaults_and_a_flag_given_wins():

@@ -121,19 +121,6 @@ def test_predictions_per_seq_follows_the_masking_rate():
     assert recipe.predictions_per_seq(512, 0.30) == 154
 
 
-@pytest.fixture
-def parse_demo_flags():
-    """Parses the demo's flags from their defaults; leaves them at the defaults after."""
-
-    def parse(*args):
-        demo.FLAGS.unparse_flags()
-        demo.FLAGS(["demo", *args])
-
-    yield parse
-    demo.FLAGS.unparse_flags()
-    demo.FLAGS(["demo"])
-
-
 def test_the_demo_pretrains_with_its_recipe(monkeypatch, tmp_path, parse_demo_flags):
     calls = []
     monkeypatch.setattr(recipe, "run", lambda stage, args: calls.append(args))
