@@ -181,6 +181,15 @@ def skip_records(
     return [], []
 
 
+# tf.data traces every function it maps through AutoGraph, which rewrites the function's
+# Python source (an AST pass) to turn control flow on tensors into graph ops: ~4 s of CPU in
+# each process that builds a pipeline, spent on functions whose Python branches and loops all
+# run on Python values (config fields, tuples) and so trace to the same graph without it. A
+# branch on a tensor added later fails at trace time ("using a tf.Tensor as a Python bool"),
+# never silently.
+_graph_as_written = tf.autograph.experimental.do_not_convert
+
+
 def _file_order(spec: PipelineSpec, stream: int, epoch) -> tf.Tensor:
     """The stream's files in the order of `epoch` (eager or in a graph)."""
     files = spec.stream_files(stream)
@@ -192,9 +201,11 @@ def _file_order(spec: PipelineSpec, stream: int, epoch) -> tf.Tensor:
 def _group_records(spec: PipelineSpec, paths, offsets) -> tf.data.Dataset:
     """One group: its files from their offsets, interleaved record by record."""
     return tf.data.Dataset.from_tensor_slices((paths, offsets)).interleave(
-        lambda path, offset: tf.data.TFRecordDataset(
-            path, compression_type=spec.compression or ""
-        ).skip(offset),
+        _graph_as_written(
+            lambda path, offset: tf.data.TFRecordDataset(
+                path, compression_type=spec.compression or ""
+            ).skip(offset)
+        ),
         cycle_length=spec.cycle_length,
         block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE,
@@ -207,7 +218,11 @@ def _whole_groups(spec: PipelineSpec, paths: tf.Tensor) -> tf.data.Dataset:
     return (
         tf.data.Dataset.from_tensor_slices(paths)
         .batch(spec.cycle_length)
-        .flat_map(lambda group: _group_records(spec, group, tf.zeros(tf.shape(group), tf.int64)))
+        .flat_map(
+            _graph_as_written(
+                lambda group: _group_records(spec, group, tf.zeros(tf.shape(group), tf.int64))
+            )
+        )
     )
 
 
@@ -218,6 +233,7 @@ def _stream_batches(
     holding record `start * stream_batch`, the batches from `start` on."""
     window, offset = divmod(start * spec.stream_batch, spec.shuffle_buffer)
 
+    @_graph_as_written
     def shuffle(index, records_of_window):
         seed = masking.example_seed(spec.seed, _SHUFFLE_SALT, epoch, stream, index)
         return tf.random.experimental.stateless_shuffle(
@@ -228,7 +244,7 @@ def _stream_batches(
     examples = windows.unbatch().skip(offset)
     batches = examples.batch(spec.stream_batch, drop_remainder=True)
     return batches.enumerate(start=start).map(
-        lambda index, batch: _parse_batch(spec, stream, batch, epoch, index),
+        _graph_as_written(lambda index, batch: _parse_batch(spec, stream, batch, epoch, index)),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
@@ -324,8 +340,10 @@ def build_stream(
         serialized = _whole_groups(spec, _file_order(spec, stream, epoch))
     first = _stream_batches(spec, stream, epoch, serialized, start)
     later = tf.data.Dataset.range(epoch + 1, np.iinfo(np.int64).max).flat_map(
-        lambda e: _stream_batches(
-            spec, stream, e, _whole_groups(spec, _file_order(spec, stream, e))
+        _graph_as_written(
+            lambda e: _stream_batches(
+                spec, stream, e, _whole_groups(spec, _file_order(spec, stream, e))
+            )
         )
     )
     options = tf.data.Options()
