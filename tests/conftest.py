@@ -30,14 +30,6 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".st
 CACHE_MAX_BYTES = 16 << 30
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked `first` move to the front of the collection, the order otherwise kept:
-    pytest-xdist hands out whole files (`--dist loadfile`) in collection order, so the
-    longest start at once and the short files fill the other worker. In alphabetical order
-    the extended tier's two longest (9 and 7 minutes) started late and ran on alone."""
-    items.sort(key=lambda item: item.get_closest_marker("first") is None)
-
-
 def _run_dir(tmp_path_factory) -> Path:
     """The folder of this pytest run that every xdist worker shares (each worker's own
     basetemp lies in it); without xdist, the run's basetemp. Fresh in every run."""

@@ -154,8 +154,7 @@ def test_cli_help():
     assert "--label_budgets" in result.stdout and "--seed" in result.stdout
 
 
-@pytest.mark.first
-@pytest.mark.extended  # 7 minutes on 2 shared cores (2026-11-27)
+@pytest.mark.extended  # about 3 minutes
 def test_a_tiny_ner_demo_end_to_end(tmp_path):
     """Every stage: the real corpus, 20 pretraining steps, two small budgets, two subsets."""
     workdir = tmp_path / "demo"

@@ -227,8 +227,7 @@ def test_cli_help():
     assert "--label_budgets" in result.stdout  # the demo's flags pass on
 
 
-@pytest.mark.first
-@pytest.mark.extended  # 9 minutes on 2 shared cores (2026-11-27)
+@pytest.mark.extended  # a few minutes
 def test_a_tiny_comparison_end_to_end(tmp_path):
     """Calibration, two arms' demos (the real corpus, 12 pretraining steps at most), the
     linear reference on the same subsets, the report; a rerun reads everything back."""
