@@ -15,8 +15,10 @@ import dataclasses
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 from collections.abc import Iterable, Iterator
+from concurrent import futures
 from typing import Any
 
 # No TensorFlow import here (see create_pretraining_data's docstring).
@@ -175,6 +177,11 @@ _worker_processor: ChunkProcessor | None = None
 
 def _init_worker(options: Options, tokenizer: Any, part_size: int) -> None:
     global _worker_processor
+    # A worker leaves the run's signals to the main process, whatever handlers it inherited
+    # from a fork: Ctrl-C (sent to the whole process group) is the main process's to handle,
+    # and SIGTERM ends a worker at once.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # One core per worker: the workers are the parallelism.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker_processor = ChunkProcessor(options, tokenizer, part_size)
@@ -215,39 +222,57 @@ def iter_chunk_records(
     # encodes with the Rust tokenizer when it has workers, so its thread pool is not
     # started before the fork.
     start = "spawn" if "tensorflow" in sys.modules else "fork"
-    context = multiprocessing.get_context(start)
-    initargs = (options, tokenizer, part_size)
-    with context.Pool(options.num_workers, _init_worker, initargs) as pool:
-        pairing: collections.deque = collections.deque()  # stage-1 results, chunk order
-        encoding: collections.deque = collections.deque()  # (PickledParts, stage-2 results)
+    # concurrent.futures, not multiprocessing.Pool: a worker that dies (the OOM killer, a
+    # stray SIGKILL) fails every pending task with BrokenProcessPool, where a Pool would
+    # wait for its results forever.
+    pool = futures.ProcessPoolExecutor(
+        options.num_workers,
+        mp_context=multiprocessing.get_context(start),
+        initializer=_init_worker,
+        initargs=(options, tokenizer, part_size),
+    )
+    pairing: collections.deque = collections.deque()  # stage-1 futures, chunk order
+    encoding: collections.deque = collections.deque()  # (PickledParts, stage-2 futures)
 
-        def dispatch_parts() -> None:
-            paired = pairing.popleft().get()
-            tasks = [
-                pool.apply_async(_encode_in_worker, (paired.index, i, part))
-                for i, part in enumerate(paired.parts)
-            ]
-            paired.parts = []  # the workers have them now
-            encoding.append((paired, tasks))
+    def dispatch_parts() -> None:
+        paired = pairing.popleft().result()
+        tasks = [
+            pool.submit(_encode_in_worker, paired.index, i, part)
+            for i, part in enumerate(paired.parts)
+        ]
+        paired.parts = []  # the workers have them now
+        encoding.append((paired, tasks))
 
-        def advance() -> Iterator[ChunkRecords]:
-            """Hands a paired chunk on to the encoders, or yields the oldest encoded one."""
-            while True:
-                if pairing and (pairing[0].ready() or not encoding):
-                    dispatch_parts()  # as soon as possible: it gives the workers work
-                    return
-                paired, tasks = encoding[0]
-                if all(task.ready() for task in tasks):
-                    encoding.popleft()
-                    yield _join_parts(paired, (task.get() for task in tasks))
-                    return
-                next(task for task in tasks if not task.ready()).wait(0.01)
+    def advance() -> Iterator[ChunkRecords]:
+        """Hands a paired chunk on to the encoders, or yields the oldest encoded one."""
+        while True:
+            if pairing and (pairing[0].done() or not encoding):
+                dispatch_parts()  # as soon as possible: it gives the workers work
+                return
+            paired, tasks = encoding[0]
+            if all(task.done() for task in tasks):
+                encoding.popleft()
+                yield _join_parts(paired, (task.result() for task in tasks))
+                return
+            waiting = [task for task in tasks if not task.done()]
+            futures.wait(waiting + list(pairing)[:1], return_when=futures.FIRST_COMPLETED)
 
+    try:
         # At most two chunks in flight per worker (pairing or encoding), so memory stays
         # bounded whatever the corpus size.
         for index, chunk in enumerate(chunks):
-            pairing.append(pool.apply_async(_pair_in_worker, (index, chunk)))
+            pairing.append(pool.submit(_pair_in_worker, index, chunk))
             while len(pairing) + len(encoding) > 2 * options.num_workers:
                 yield from advance()
         while pairing or encoding:
             yield from advance()
+    except futures.process.BrokenProcessPool as error:
+        raise RuntimeError(
+            "a create_pretraining_data worker process died before finishing its chunk "
+            "(killed by a signal, or by the out-of-memory killer: try fewer --num_workers or "
+            "a smaller --documents_per_chunk)"
+        ) from error
+    finally:
+        # On an error (or SIGTERM, Ctrl-C) the queued tasks are dropped and the running ones
+        # end on their own: no worker is left waiting for work that never comes.
+        pool.shutdown(wait=True, cancel_futures=True)

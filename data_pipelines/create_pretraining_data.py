@@ -42,6 +42,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -155,11 +156,16 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
         _check_writable(stats_path)
         documents = iter_documents(options, read_stats)
         chunks = iter_chunks(documents, options.documents_per_chunk)
-        # Closed on failure too, so that an error message starts on a line of its own.
-        with tqdm(
-            desc="create_pretraining_data", unit="doc", disable=not options.show_progress
-        ) as progress:
-            for chunk in chunk_pipeline.iter_chunk_records(options, chunks, tokenizer):
+        records = chunk_pipeline.iter_chunk_records(options, chunks, tokenizer)
+        # Both closed on failure too: the progress bar so that an error message starts on a
+        # line of its own, the records so that their workers stop before the error is shown.
+        with (
+            contextlib.closing(records),
+            tqdm(
+                desc="create_pretraining_data", unit="doc", disable=not options.show_progress
+            ) as progress,
+        ):
+            for chunk in records:
                 writer.write_framed(chunk.framed)
                 totals.merge(chunk.stats)
                 masking_counts.update(chunk.masking_counts)

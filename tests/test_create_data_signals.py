@@ -1,6 +1,7 @@
 """`create_pretraining_data` stopped mid-write (issue 41 item 4): SIGTERM, a preempted VM's
 notice, removes its hidden `.NAME.incomplete-PID` temporaries as Ctrl-C does; after a
-SIGKILL, which nothing can catch, the next run into the directory removes them.
+SIGKILL, which nothing can catch, the next run into the directory removes them. A worker
+process killed mid-run fails the run (it once waited for the dead worker forever).
 
 The runs are the tool's real entry point (`main` through `cli.run`, as `python -m` runs it)
 in a process whose input, after the corpus, waits for more: the run has written the records
@@ -9,10 +10,12 @@ of the corpus so far and waits mid-write for as long as the test wants (no timin
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -120,3 +123,42 @@ def test_after_a_sigkill_mid_write_the_next_run_removes_the_temporaries(tmp_path
         "train-00000-of-00002.tfrecord.stats.json",
         "train-00001-of-00002.tfrecord",
     ]
+
+
+def test_a_worker_killed_mid_run_fails_the_run_instead_of_waiting_forever(tmp_path, vocab):
+    """The extended tier once hung in a `multiprocessing.Pool` whose worker was gone (a Pool
+    waits for a lost task's result forever). Both workers are SIGKILLed (what the
+    out-of-memory killer does) after the first chunk: the records stop with an error naming
+    the cause, in seconds, and no worker is left behind."""
+    from data_pipelines import chunk_pipeline, corpora, tokenization
+    from data_pipelines import create_pretraining_data as tool
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(_documents(400))
+    options = tool.Options(
+        input_file=str(corpus), output_file=str(tmp_path / "train.tfrecord"),
+        vocab_file=vocab, max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1,
+        documents_per_chunk=4, num_workers=2, show_progress=False,
+    )  # fmt: skip
+    chunks = tool.iter_chunks(tool.iter_documents(options, corpora.ReadStats()), 4)
+    records = chunk_pipeline.iter_chunk_records(options, chunks, tokenization.load_tokenizer(vocab))
+    before = set(multiprocessing.active_children())
+    assert next(records).index == 0
+    workers = set(multiprocessing.active_children()) - before
+    assert len(workers) == 2
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGKILL)
+    outcome: dict = {}
+
+    def read_the_rest():
+        try:
+            outcome["chunks"] = len(list(records))
+        except Exception as error:  # noqa: BLE001 (the assertion below reads it)
+            outcome["error"] = error
+
+    reader = threading.Thread(target=read_the_rest, daemon=True)
+    reader.start()
+    reader.join(timeout=60)
+    assert not reader.is_alive(), "the records waited for a dead worker for 60 s"
+    assert "worker process died before finishing its chunk" in str(outcome.get("error")), outcome
+    assert not set(multiprocessing.active_children()) - before
