@@ -78,8 +78,8 @@ def _budget(labels, pretrained, scratch, optimizer="adamw_bias_corrected"):
             "scratch": scratch, "difference": paired_difference(pretrained, scratch)}  # fmt: skip
 
 
-def test_report_table_json_and_png(tmp_path):
-    demo.FLAGS(["demo", "--seed=3"])
+def test_report_table_json_and_png(tmp_path, parse_demo_flags):
+    parse_demo_flags("--seed=3")
     _pretraining_log(tmp_path / "pretrain")
     budgets = [
         _budget(100, [0.20, 0.22, 0.24], [0.10, 0.13, 0.13]),
@@ -130,17 +130,17 @@ def test_the_linear_tagger_fits_in_the_background_on_the_demos_subsets(tmp_path,
     assert again.process is None and again.result() == rows
 
 
-def test_each_task_has_its_defaults_and_a_flag_given_wins():
-    demo.FLAGS(["demo"])
+def test_each_task_has_its_defaults_and_a_flag_given_wins(parse_demo_flags):
+    parse_demo_flags()
     assert demo.setting("corpora") == ["peoples_daily_unlabelled"]
     assert demo.setting("label_budgets") == ["100", "400", "1600"]
-    demo.FLAGS(["demo", "--task=polarity", "--subsets=4"])
+    parse_demo_flags("--task=polarity", "--subsets=4")
     assert demo.setting("corpora") == ["imdb"] and demo.setting("subsets") == 4
     assert demo.setting("finetune_optimizer") == "adamw"  # the polarity demo's, unchanged
 
 
-def test_small_polarity_budgets_train_at_least_the_minimum_steps():
-    demo.FLAGS(["demo", "--task=polarity", "--finetune_epochs=3", "--min_finetune_steps=300"])
+def test_small_polarity_budgets_train_at_least_the_minimum_steps(parse_demo_flags):
+    parse_demo_flags("--task=polarity", "--finetune_epochs=3", "--min_finetune_steps=300")
     assert demo.finetune_epochs(8568, 32) == 3  # 267 steps per epoch
     assert demo.finetune_epochs(1000, 32) == 10  # 31 per epoch
     assert demo.finetune_epochs(250, 32) == 43  # 7 per epoch
