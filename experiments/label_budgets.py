@@ -275,6 +275,11 @@ def fill_mask(module, params, tokenizer, examples, *, top_k: int = 5,
               max_seq_length: int = 128) -> list[dict]:  # fmt: skip
     """The pretrained MLM's top predictions for each character of an entity, all masked.
 
+    One jitted forward pass for every example: sentences are padded to `pad_length`'s
+    multiples (padding changes no real position's output) and the masked positions to the
+    longest entity's count (extra rows repeat the last position and are dropped), so a few
+    shapes compile once each, where eager calls dispatched each op of every sentence alone.
+
     Args:
         module: a `BertForPreTraining` (the checkpoint's MLM head).
         examples: (TaggingExample, (start, end) word span of the entity) pairs.
@@ -283,20 +288,27 @@ def fill_mask(module, params, tokenizer, examples, *, top_k: int = 5,
         Per example: `text` (the sentence, the entity's characters as [MASK]), `entity`,
         `type`, and `predictions`: per masked character, the `top_k` tokens, best first.
     """
+    predict = jax.jit(
+        lambda params, ids, mask, segments, positions: (
+            module.apply({"params": params}, ids, mask, segments, positions).mlm_logits
+        )
+    )
+    most = max((end - start for _, (start, end) in examples), default=1)
     out = []
     for example, (start, end) in examples:
         features = encode_tagged([example], tokenizer, max_seq_length, sorted(set(example.tags)))
         ids = features.input_ids.copy()
         positions = features.word_positions[0][start:end]
         ids[0, positions] = tokenizer.mask_id
-        length = int(features.input_mask.sum())
-        logits = module.apply(
-            {"params": params},
+        length = common.pad_length(features.input_mask.sum(1), max_seq_length)
+        padded = np.concatenate([positions, np.repeat(positions[-1:], most - len(positions))])
+        logits = predict(
+            params,
             ids[:, :length],
             features.input_mask[:, :length],
             features.segment_ids[:, :length],
-            positions[None],
-        ).mlm_logits[0]  # (P, V)
+            padded[None],
+        )[0, : len(positions)]  # (P, V)
         best = np.argsort(-np.asarray(logits), axis=-1)[:, :top_k]
         words = list(example.words)
         words[start:end] = ["[MASK]"] * (end - start)

@@ -239,3 +239,43 @@ def test_run_arm_chooses_the_rate_by_subset_0s_best_dev_f1_and_reuses_stored_run
     chosen_again, runs_again = lb.run_arm(runner, params, subsets, seed=7, cache=cache)
     assert len(made) == 3
     assert chosen_again == chosen and all(a is b for a, b in zip(runs, runs_again, strict=True))
+
+
+def test_fill_mask_padded_and_jitted_predicts_as_each_sentence_alone(tagging):
+    """The demo's fill-mask examples: one jitted pass over padded sentences and padded
+    masked positions gives each sentence's own logits (the module applied to the sentence
+    at its length, its entity's positions alone): the same top tokens. On the demo's
+    default (modern) positions and norms: rotary positions see the padding's offsets, if
+    any leaked."""
+    from bert_jax.heads import BertForPreTraining
+    from data_pipelines.tasks.tagging_features import encode_tagged
+
+    task, tokenizer, _, _ = tagging
+    config = dataclasses.replace(
+        TINY, vocab_size=32, max_position_embeddings=32, position_encoding="rotary",
+        norm_placement="pre",
+    )  # fmt: skip
+    module = BertForPreTraining(config, next_sentence=False)
+    ids = np.zeros((1, 16), np.int32)
+    init = jax.jit(lambda r: nn.unbox(module.init(r, ids, ids, ids, ids[:, :2])["params"]))
+    params = init(jax.random.key(1))
+    # Entities of 1 and 2 words in sentences of several lengths: padded to 2 positions.
+    examples = [(e, s) for e in task.splits["test"] for s in lb.entity_spans(e)][:6]
+    assert {end - start for _, (start, end) in examples} == {1, 2}
+    top_k = 4
+    alone = jax.jit(lambda *arrays: module.apply({"params": params}, *arrays).mlm_logits)
+    got = lb.fill_mask(module, params, tokenizer, examples, top_k=top_k, max_seq_length=16)
+    for (example, (start, end)), row in zip(examples, got, strict=True):
+        features = encode_tagged([example], tokenizer, 16, sorted(set(example.tags)))
+        length = int(features.input_mask.sum())
+        positions = features.word_positions[0][start:end]
+        masked = features.input_ids[:, :length].copy()
+        masked[0, positions] = tokenizer.mask_id
+        logits = alone(
+            masked, features.input_mask[:, :length], features.segment_ids[:, :length],
+            positions[None],
+        )[0]  # fmt: skip
+        expected = np.argsort(-np.asarray(logits), axis=-1)[:, :top_k]
+        assert row["predictions"] == [tokenizer.convert_ids_to_tokens(r) for r in expected]
+        assert row["entity"] == "".join(example.words[start:end])
+        assert row["text"].count("[MASK]") == end - start
