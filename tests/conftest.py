@@ -19,6 +19,7 @@ pretraining run.
 import contextlib
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,24 @@ def pretrain_reference(tmp_path_factory, synthetic_data, xla_cache):
                     f"the reference run exited {proc.returncode}:\n{log.read_text()[-4000:]}"
                 )
     return workdir
+
+
+def run_captured(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """`subprocess.run` with the output captured as text; a run past `timeout` fails the test
+    with the tail of what it printed (`TimeoutExpired` names only the command: a hung stage
+    of a long end-to-end run would say nothing of where it stopped)."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired as expired:
+        printed = "\n".join(
+            part.decode(errors="replace") if isinstance(part, bytes) else part
+            for part in (expired.stdout, expired.stderr)
+            if part
+        )
+        pytest.fail(
+            f"{' '.join(map(str, command[:4]))} ... ran past {timeout} s; the end of its "
+            f"output:\n{printed[-4000:]}"
+        )
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_captured
 
 from data_pipelines import recipe
 from experiments import demo
@@ -166,7 +167,7 @@ def test_a_tiny_ner_demo_end_to_end(tmp_path):
         "--test_sentences=200",
         "--finetune_learning_rates=1e-3,3e-3", "--seed=1",
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=900)
+    result = run_captured(command, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((workdir / "results.json").read_text())
     budgets = summary["label_budgets"]
@@ -199,7 +200,7 @@ def test_a_tiny_ner_demo_end_to_end(tmp_path):
     # Orbax's INFO lines stay out of the console.
     assert "orbax" not in result.stderr.lower()
     # Every run is stored: a rerun reuses them all (and the pretraining) and reports the same.
-    again = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=900)
+    again = run_captured(command, timeout=900, cwd=REPO)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((workdir / "results.json").read_text())["label_budgets"] == budgets
     # The workdir belongs to --seed=1: another seed is refused before anything runs.

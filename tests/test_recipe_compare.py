@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from conftest import run_captured
 
 from bert_jax import optim, train
 from bert_jax.config import BertConfig
@@ -239,7 +240,7 @@ def test_a_tiny_comparison_end_to_end(tmp_path):
         "--min_finetune_steps=4", "--max_finetune_steps=4", "--finetune_batch_size=8",
         "--dev_sentences=40", "--test_sentences=100", "--finetune_learning_rates=1e-3",
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=2400)
+    result = run_captured(command, timeout=2400, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     calibration = json.loads((workdir / "calibration.json").read_text())
     assert set(calibration["arms"]) == {"bert", "modern"} and calibration["steps"] == 10
@@ -256,7 +257,7 @@ def test_a_tiny_comparison_end_to_end(tmp_path):
         assert len(summary["budgets"][0]["arms"][arm]["pretrained"]) == 2
     assert len(summary["budgets"][0]["linear"]) == 2
     assert "| modern |" in result.stdout and "bert minus linear" in result.stdout
-    again = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    again = run_captured(command, timeout=600, cwd=REPO)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[3/4 demo]" not in again.stderr  # every run read back
     assert json.loads((workdir / "comparison.json").read_text())["budgets"] == summary["budgets"]
