@@ -21,7 +21,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+from bert_jax.mesh_shape import MESH_AXES, resolve_mesh_shape
 
 # Logical axis -> mesh axes, in priority order. An axis whose mesh axes are already taken
 # by an earlier dimension of the same array stays unsharded (flax's rule), so activations
@@ -64,29 +64,6 @@ def rules_of(config) -> tuple[tuple[str, Any], ...]:
             )
         rules.append((logical, axes))
     return tuple(rules)
-
-
-def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
-    """Replaces one -1 in `mesh_shape` by whatever makes the product `num_devices`."""
-    shape = [int(s) for s in mesh_shape]
-    if len(shape) != len(MESH_AXES):
-        raise ValueError(f"mesh_shape {tuple(shape)} must have one entry per axis {MESH_AXES}")
-    if shape.count(-1) > 1:
-        raise ValueError(f"mesh_shape {tuple(shape)} has more than one -1")
-    if any(s == 0 or s < -1 for s in shape):
-        raise ValueError(f"mesh_shape {tuple(shape)} entries must be positive or -1")
-    known = math.prod(s for s in shape if s != -1)
-    if -1 in shape:
-        if num_devices % known:
-            raise ValueError(
-                f"mesh_shape {tuple(shape)}: {num_devices} devices do not divide by {known}"
-            )
-        shape[shape.index(-1)] = num_devices // known
-    if math.prod(shape) != num_devices:
-        raise ValueError(
-            f"mesh_shape {tuple(shape)} uses {math.prod(shape)} devices but {num_devices} exist"
-        )
-    return tuple(shape)
 
 
 def create_mesh(mesh_shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:

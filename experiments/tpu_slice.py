@@ -31,6 +31,8 @@ import sys
 
 from absl import app, flags
 
+from bert_jax.config import BertConfig, objective
+from bert_jax.mesh_shape import MESH_AXES, resolve_mesh_shape
 from data_pipelines import cli
 
 # TensorCores per chip, as accelerator-type names count them.
@@ -124,13 +126,11 @@ def accelerator_type(topology: str) -> str:
 
 def misfit(config, slice_: Slice) -> str | None:
     """Why `config` cannot run on `slice_` (its mesh, batch or sharded dims); None if it can."""
-    from bert_jax import sharding, train  # JAX: loaded only once a config is checked
-
     try:
-        shape = sharding.resolve_mesh_shape(config.mesh_shape, slice_.devices)
+        shape = resolve_mesh_shape(config.mesh_shape, slice_.devices)
     except ValueError as e:
         return str(e)
-    mesh = dict(zip(sharding.MESH_AXES, shape, strict=True))
+    mesh = dict(zip(MESH_AXES, shape, strict=True))
     laid_out = f"mesh_shape {tuple(config.mesh_shape)} -> " + " x ".join(
         f"{axis} {size}" for axis, size in mesh.items()
     )
@@ -139,7 +139,7 @@ def misfit(config, slice_: Slice) -> str | None:
         return f"{laid_out}: global_batch_size {batch} does not divide over data x fsdp"
     if batch % slice_.hosts:
         return f"global_batch_size {batch} does not divide over the {slice_.hosts} hosts"
-    cfg = train.model_config(config)
+    cfg = BertConfig.from_experiment(config.model, objective=objective(config))
     # The rule table shards `embed` over fsdp and heads, the FFN and the vocab over tensor.
     for key, size, axis in (
         ("hidden_size", cfg.hidden_size, "fsdp"),

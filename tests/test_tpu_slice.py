@@ -159,3 +159,20 @@ def test_help():
     result = _cli("--help")
     assert result.returncode == 0
     assert "--accelerator_type" in result.stdout and "--config" in result.stdout
+
+
+def test_the_check_never_imports_jax():
+    # tpu.mk runs it before every slice target, and the spot loop on every relaunch: JAX's
+    # import (seconds) would be paid each time for arithmetic on the config.
+    code = (
+        "import sys\n"
+        "from experiments import tpu_slice\n"
+        "from experiments.configs import bert_large_paper\n"
+        "config = bert_large_paper.get_config('phase2')\n"
+        "print(tpu_slice.resolve(config, 'bert_large_paper.py', None))\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'flax', 'optax'}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.stdout == "v3-128\n[]\n", result.stderr
