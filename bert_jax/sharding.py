@@ -11,6 +11,7 @@ rule too.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -130,24 +131,41 @@ def update_sharding(
     """Where one leaf of the train state lives under the sharded weight update.
 
     The leaf keeps its compute sharding (`compute`, from the rule table) and is split, in
-    addition, over the data-parallel axes it is not split over yet, along its largest
-    dimension that divides evenly (Xu et al. 2020's weight-update sharding; MaxText's
-    `shard_optimizer_over_data`). A leaf no dimension of which divides (a scalar, a small
-    bias) stays replicated over those axes.
+    addition, over the data-parallel axes it is not split over yet (Xu et al. 2020's
+    weight-update sharding; MaxText's `shard_optimizer_over_data`): all of them along its
+    largest dimension that divides evenly. Where no dimension divides by all of them (e.g.
+    BERT-Large's 1024-wide leaves on 2,048 cores), the axes go to different dimensions, or
+    the leaf is split over as many of them as divide (a mesh of `data x fsdp` used as 2,048
+    data-parallel cores splits a 1024 x 1024 kernel 64 x 32 ways). A leaf nothing divides
+    (a scalar, a small bias) stays replicated over those axes.
     """
     mesh = compute.mesh
     spec = list(compute.spec) + [None] * (len(shape) - len(compute.spec))
     used = {a for entry in spec for a in axis_names(entry)}
     free = tuple(a for a in data_parallel_axes(mesh, rules) if a not in used)
-    ways = math.prod(mesh.shape[a] for a in free)
-    if ways == 1:
+    if math.prod(mesh.shape[a] for a in free) == 1:
         return compute
-    for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
-        split = math.prod(mesh.shape[a] for a in axis_names(spec[dim]))
-        if shape[dim] % (split * ways) == 0:
-            spec[dim] = axis_names(spec[dim]) + free
-            return NamedSharding(mesh, PartitionSpec(*spec))
-    return compute
+    split = [math.prod(mesh.shape[a] for a in axis_names(entry)) for entry in spec]
+    # Every assignment of each free axis to a dimension (or to none), largest dimension
+    # first; the first of those that split the leaf most ways over the fewest dimensions.
+    dims = sorted(range(len(shape)), key=lambda d: -shape[d])
+    best, best_key = None, (1, 0)
+    for choice in itertools.product([None, *dims], repeat=len(free)):
+        ways = [1] * len(shape)
+        for axis, dim in zip(free, choice, strict=True):
+            if dim is not None:
+                ways[dim] *= mesh.shape[axis]
+        if any(shape[d] % (split[d] * ways[d]) for d in range(len(shape))):
+            continue
+        key = (math.prod(ways), -len({d for d in choice if d is not None}))
+        if key > best_key:
+            best, best_key = choice, key
+    if best is None:
+        return compute
+    for axis, dim in zip(free, best, strict=True):
+        if dim is not None:
+            spec[dim] = axis_names(spec[dim]) + (axis,)
+    return NamedSharding(mesh, PartitionSpec(*spec))
 
 
 def update_shardings(abstract: Any, compute_shardings: Any, rules=DEFAULT_RULES) -> Any:

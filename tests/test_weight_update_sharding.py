@@ -44,6 +44,47 @@ def test_leaves_nothing_divides_and_meshes_without_data_parallelism_stay_as_they
     assert _placed((1, 1, 8), (64, 64), P(None, "tensor")) == P(None, "tensor")
 
 
+# Both mesh axes hold examples: a mesh of data x fsdp used as one data-parallel group.
+_DATA_ONLY = (("batch", ("data", "fsdp")), ("embed", None))
+
+
+def _abstract_placed(mesh_shape, shape, spec=None, rules=_DATA_ONLY):
+    """`update_sharding` on an abstract mesh (no devices: a pod's shape)."""
+    mesh = jax.sharding.AbstractMesh(mesh_shape, sharding.MESH_AXES)
+    return sharding.update_sharding(shape, NamedSharding(mesh, spec or P()), rules).spec
+
+
+def test_a_leaf_no_dimension_of_which_divides_by_all_the_cores_is_split_over_two():
+    # BERT-Large with LAMB on 2,048 v3 cores: 1024 does not divide by 2048, so one data
+    # axis of 2048 leaves the 1024 x 1024 kernels (and the 1024-wide vectors) replicated.
+    assert _abstract_placed((2048, 1, 1), (1024, 1024)) == P()
+    assert _abstract_placed((2048, 1, 1), (1024, 4096)) == P(None, "data")
+    # The same cores as 64 x 32: the kernel is split 64 x 32 ways (1/2048 per core), a vector
+    # over as many cores as divide it (1/64), the 4096-wide kernel still along one dimension.
+    assert _abstract_placed((64, 32, 1), (1024, 1024)) == P("data", "fsdp")
+    assert _abstract_placed((64, 32, 1), (1024,)) == P("data")
+    assert _abstract_placed((64, 32, 1), (1024, 4096)) == P(None, ("data", "fsdp"))
+    # The word embeddings (30522 = 2 x 15261 rows): 64 of the 2048 ways, not 32.
+    assert _abstract_placed((64, 32, 1), (30522, 1024)) == P(None, "data")
+    # A dimension split for the compute (tensor 2) keeps that split and adds what divides.
+    assert _abstract_placed((32, 32, 2), (1024, 1024), P(None, "tensor")) == P(
+        ("data", "fsdp"), "tensor"
+    )
+    assert _abstract_placed((32, 64, 2), (1024, 1024), P(None, "tensor")) == P(
+        "data", ("tensor", "fsdp")
+    )
+
+
+def test_the_most_ways_win_then_the_fewest_dimensions():
+    # 8 devices as 4 x 2: all 8 along one dimension where one divides...
+    assert _placed((4, 2, 1), (8, 6), P()) == P(("data", "fsdp"), None)
+    # ...else over two dimensions (data 4 along 12, fsdp 2 along 6)...
+    assert _placed((4, 2, 1), (6, 12), P()) == P("fsdp", "data")
+    # ...else over the axes that divide (the NSP bias: 2 of the 8 ways).
+    assert _placed((4, 2, 1), (2,), P(None)) == P("fsdp")
+    assert _placed((4, 2, 1), (12,), P(None)) == P("data")
+
+
 def test_the_data_parallel_axes_are_the_batch_rules():
     mesh = sharding.create_mesh((2, 4, 1))
     assert sharding.data_parallel_axes(mesh) == ("data", "fsdp")
@@ -56,10 +97,15 @@ def test_the_data_parallel_axes_are_the_batch_rules():
 STEPS = 5
 
 
-def _config(optimizer: str, shard: bool, dtype: str = "float32") -> ml_collections.ConfigDict:
+def _config(
+    optimizer: str, shard: bool, dtype: str = "float32", model=(), rules=None
+) -> ml_collections.ConfigDict:
     """bert_tiny_cpu.py at the synthetic records' shapes (synth.TINY: every weight dimension
-    divides by 8), a fast-warming `optimizer`, the update sharded or not."""
+    divides by 8; `model`: (field, value) pairs that change them), a fast-warming
+    `optimizer`, the update sharded or not, `rules` for the rule table."""
     config = synth.tiny_shaped_config(dtype=dtype)
+    config.model.update(dict(model))
+    config.sharding_rules = rules
     config.optimizer.update(name=optimizer, learning_rate=5e-3, warmup_steps=3)
     config.num_train_steps = 20
     config.shard_weight_update = shard
@@ -67,13 +113,19 @@ def _config(optimizer: str, shard: bool, dtype: str = "float32") -> ml_collectio
 
 
 @functools.cache
-def _trajectory(optimizer: str, shard: bool, mesh_shape=(8, 1, 1)):
+def _trajectory(optimizer: str, shard: bool, mesh_shape=(8, 1, 1), model=(), rules=None):
     """(losses, params after step 1, params after STEPS, the final state's shardings)."""
-    config = _config(optimizer, shard)
+    config = _config(optimizer, shard, model=model, rules=rules)
     mesh = sharding.create_mesh(mesh_shape, jax.devices()[: np.prod(mesh_shape)])
     run = train.setup(config, mesh, config.model.vocab_size)
     state, shardings = sharded_state(
-        run.model, run.tx, mesh, run.inputs, rng=jax.random.key(0), shard_update=shard
+        run.model,
+        run.tx,
+        mesh,
+        run.inputs,
+        rng=jax.random.key(0),
+        rules=run.rules,
+        shard_update=shard,
     )
     losses, first = [], None
     with sharding.activation_context(mesh, run.rules):
@@ -117,6 +169,12 @@ def test_the_sharded_update_equals_the_replicated_run_step_for_step(optimizer):
     ) == (64, 256)
     # Step 1 is the same computation: identical gradients, clipping norm, trust ratios (LAMB:
     # a norm taken per shard would change each split leaf's update by up to sqrt(8)), update.
+    _assert_same_run(optimizer, (losses, first, final), (ref_losses, ref_first, ref_final))
+
+
+def _assert_same_run(optimizer, run, ref, mesh_shape=(8, 1, 1), model=(), rules=None):
+    """`run` (losses, params after step 1, after STEPS) is the replicated run `ref`'s."""
+    (losses, first, final), (ref_losses, ref_first, ref_final) = run, ref
     for (path, leaf), ref in zip(
         jax.tree_util.tree_leaves_with_path(first), jax.tree.leaves(ref_first), strict=True
     ):
@@ -127,10 +185,36 @@ def test_the_sharded_update_equals_the_replicated_run_step_for_step(optimizer):
     # (5e-3) when its sum is rounded otherwise. The same rounding separates the replicated
     # 8-device run from the 1-device run; the sharded run may differ from the replicated one
     # by no more than that, with a 2x margin (float32 ulps).
-    _, _, one_device, _, _ = _trajectory(optimizer, shard=False, mesh_shape=(1, 1, 1))
+    _, _, one_device, _, _ = _trajectory(
+        optimizer, shard=False, mesh_shape=(1, 1, 1), model=model, rules=rules
+    )
     rounding = max(_max_difference(ref_final, one_device), 2e-7)
     assert _max_difference(final, ref_final) <= 2 * rounding
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)  # 1 f32 ulp of a loss ~11
+
+
+# A model no weight dimension of which divides by 8 but by 4 or 2 (hidden 12, head 6, mlp 36)
+# on 4 x 2 devices that all hold examples: the kernels split over two dimensions, the vectors
+# over part of the devices (LAMB's 1024-wide leaves on 2,048 cores, in small).
+_ODD = (
+    ("hidden_size", 12),
+    ("num_attention_heads", 2),
+    ("intermediate_size", 36),
+    ("num_hidden_layers", 1),
+)
+
+
+def test_lamb_over_leaves_split_along_two_dimensions_equals_the_replicated_run():
+    args = dict(mesh_shape=(4, 2, 1), model=_ODD, rules=_DATA_ONLY)
+    losses, first, final, placed, _ = _trajectory("lamb", shard=True, **args)
+    ref_losses, ref_first, ref_final, _, _ = _trajectory("lamb", shard=False, **args)
+    assert losses[-1] < losses[0]  # it trains
+    layer = placed.params["bert"]["encoder"]["layer_0"]
+    assert layer["intermediate"]["kernel"].spec == P("fsdp", "data")  # (12, 36): 2 x 4 ways
+    assert layer["intermediate"]["kernel"].shard_shape((12, 36)) == (6, 9)
+    assert layer["output_layer_norm"]["scale"].shard_shape((12,)) == (3,)  # 4 of 8 ways
+    # The trust ratios' norms are whole-leaf norms over both splits: step 1 is identical.
+    _assert_same_run("lamb", (losses, first, final), (ref_losses, ref_first, ref_final), **args)
 
 
 # --- what the compiled program reduces and holds ---------------------------------------------
