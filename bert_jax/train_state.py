@@ -31,9 +31,12 @@ from bert_jax import sharding
 
 # jax's PRNG implementations a run's dropout masks may come from (`config.prng_impl`).
 # threefry2x32 is jax's default: the same bits on every backend and mesh. rbg and unsafe_rbg
-# draw bits with XLA's RngBitGenerator, far cheaper on TPU and GPU than threefry's integer
-# hashing, but the bits may change with the sharding and the XLA version; unsafe_rbg also
-# derives split and fold_in keys with it (faster, statistically less vetted).
+# draw bits with XLA's RngBitGenerator, cheaper per bit than threefry's integer hashing,
+# but the bits may change with the sharding and the XLA version; unsafe_rbg also derives
+# split and fold_in keys with it (faster, statistically less vetted). Under a sharded jit
+# the TPU compiler (libtpu 0.0.42.1) does not split RngBitGenerator: every core draws the
+# whole global array, so on a data-parallel TPU step rbg costs more than it saves
+# (docs/tpu.md, "Dropout masks").
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 

@@ -49,7 +49,9 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0  # fixes init, data order, dynamic masks and dropout
     # The PRNG of the dropout masks (bert_jax.train_state.PRNG_IMPLS): "threefry2x32", or
-    # "rbg" / "unsafe_rbg", cheaper on TPU and GPU. The initialisation is threefry in all.
+    # "rbg" / "unsafe_rbg". The initialisation is threefry in all. On a sharded TPU step
+    # rbg is slower, not faster: each core draws the whole global batch's masks (BERT-Large
+    # phase 1 on v3-128: 21.8 GB of HBM traffic a core against 8.4; docs/tpu.md).
     config.prng_impl = "threefry2x32"
     # "mlm_nsp": masked LM + next sentence prediction, the paper's (bert_jax.config.OBJECTIVES)
     config.objective = "mlm_nsp"
