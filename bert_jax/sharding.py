@@ -126,18 +126,19 @@ def data_parallel_axes(mesh: Mesh, rules=DEFAULT_RULES) -> tuple[str, ...]:
 
 
 def update_sharding(
-    shape: Sequence[int], compute: NamedSharding, rules=DEFAULT_RULES
+    shape: Sequence[int], compute: NamedSharding, rules=DEFAULT_RULES, spread: bool = False
 ) -> NamedSharding:
     """Where one leaf of the train state lives under the sharded weight update.
 
     The leaf keeps its compute sharding (`compute`, from the rule table) and is split, in
     addition, over the data-parallel axes it is not split over yet (Xu et al. 2020's
     weight-update sharding; MaxText's `shard_optimizer_over_data`): all of them along its
-    largest dimension that divides evenly. Where no dimension divides by all of them (e.g.
-    BERT-Large's 1024-wide leaves on 2,048 cores), the axes go to different dimensions, or
-    the leaf is split over as many of them as divide (a mesh of `data x fsdp` used as 2,048
-    data-parallel cores splits a 1024 x 1024 kernel 64 x 32 ways). A leaf nothing divides
-    (a scalar, a small bias) stays replicated over those axes.
+    largest dimension that divides evenly. A leaf no dimension of which divides by all of
+    them stays replicated over them; with `spread` (`config.shard_weight_update_spread`) the
+    axes go to different dimensions instead, or the leaf is split over as many of them as
+    divide (a mesh of `data x fsdp` used as 2,048 data-parallel cores splits BERT-Large's
+    1024 x 1024 kernels 64 x 32 ways): less memory, but on TPU v3 a slower step by the
+    compiler's estimate (docs/tpu.md, "LAMB on 2,048 cores").
     """
     mesh = compute.mesh
     spec = list(compute.spec) + [None] * (len(shape) - len(compute.spec))
@@ -146,11 +147,15 @@ def update_sharding(
     if math.prod(mesh.shape[a] for a in free) == 1:
         return compute
     split = [math.prod(mesh.shape[a] for a in axis_names(entry)) for entry in spec]
-    # Every assignment of each free axis to a dimension (or to none), largest dimension
-    # first; the first of those that split the leaf most ways over the fewest dimensions.
+    # Every assignment of each free axis to a dimension (or to none; without `spread`, all to
+    # one dimension), largest dimension first; the first of those that split the leaf most
+    # ways over the fewest dimensions.
     dims = sorted(range(len(shape)), key=lambda d: -shape[d])
     best, best_key = None, (1, 0)
-    for choice in itertools.product([None, *dims], repeat=len(free)):
+    choices = itertools.product([None, *dims], repeat=len(free))
+    if not spread:  # all the axes along one dimension, or none
+        choices = [(d,) * len(free) for d in dims]
+    for choice in choices:
         ways = [1] * len(shape)
         for axis, dim in zip(free, choice, strict=True):
             if dim is not None:
@@ -168,8 +173,10 @@ def update_sharding(
     return NamedSharding(mesh, PartitionSpec(*spec))
 
 
-def update_shardings(abstract: Any, compute_shardings: Any, rules=DEFAULT_RULES) -> Any:
+def update_shardings(
+    abstract: Any, compute_shardings: Any, rules=DEFAULT_RULES, spread: bool = False
+) -> Any:
     """`update_sharding` of every leaf of an (unboxed, abstract) tree."""
     return jax.tree.map(
-        lambda x, s: update_sharding(x.shape, s, rules), abstract, compute_shardings
+        lambda x, s: update_sharding(x.shape, s, rules, spread), abstract, compute_shardings
     )

@@ -310,7 +310,8 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
     layout = None
     if config.get("shard_weight_update", False):  # the rule table's placement is the compute one
         compute = shardings.params
-        shardings = sharding.update_shardings(abstract_state, shardings, rules)
+        spread = config.get("shard_weight_update_spread", False)
+        shardings = sharding.update_shardings(abstract_state, shardings, rules, spread)
         layout = UpdateLayout(compute, shardings.params)
     keys = (
         records.BATCH

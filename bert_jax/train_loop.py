@@ -233,6 +233,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             run.inputs,
             rules=run.rules,
             shard_update=run.layout is not None,
+            spread=config.get("shard_weight_update_spread", False),
         )
         if config.init_from:
             abstract_params = run.abstract_state.params

@@ -78,6 +78,7 @@ def state_shardings(
     inputs: Sequence[jax.Array],
     rules=sharding.DEFAULT_RULES,
     shard_update: bool = False,
+    spread: bool = False,
 ) -> tuple[TrainState, TrainState]:
     """(abstract unboxed state, its shardings) without allocating anything.
 
@@ -87,11 +88,13 @@ def state_shardings(
         shard_update: store the params and optimizer state split over the data-parallel
             devices as well (`sharding.update_sharding`); the step then gathers the params
             to the shardings it returns without (`make_step`'s `layout`).
+        spread: with `shard_update`, leaves no dimension of which divides by all the
+            data-parallel axes are split over several dimensions (`sharding.update_sharding`).
     """
     abstract = jax.eval_shape(functools.partial(_boxed_state, model, tx, inputs), jax.random.key(0))
     unboxed, shardings = nn.unbox(abstract), nn.unbox(sharding.shardings_of(abstract, mesh, rules))
     if shard_update:
-        shardings = sharding.update_shardings(unboxed, shardings, rules)
+        shardings = sharding.update_shardings(unboxed, shardings, rules, spread)
     return unboxed, shardings
 
 
@@ -105,6 +108,7 @@ def sharded_state(
     params: Any = None,
     rules=sharding.DEFAULT_RULES,
     shard_update: bool = False,
+    spread: bool = False,
 ) -> tuple[TrainState, TrainState]:
     """(a train state at step 0 born sharded on `mesh`, its shardings).
 
@@ -114,14 +118,14 @@ def sharded_state(
         params: the params to start from instead (host or device arrays in the model's
             structure, e.g. a pretrained encoder under a fresh head). They are copied, never
             donated: the caller's arrays stay valid (a second run can start from them).
-        shard_update: born in the sharded weight update's layout (`state_shardings`).
+        shard_update, spread: born in the sharded weight update's layout (`state_shardings`).
 
     The optimizer state is fresh. A frozen model (a distillation teacher) is placed with
     `optax.identity()`: its params are sharded exactly as a trained model's would be.
     """
     if (rng is None) == (params is None):
         raise ValueError("sharded_state takes one of rng and params")
-    _, shardings = state_shardings(model, tx, mesh, inputs, rules, shard_update)
+    _, shardings = state_shardings(model, tx, mesh, inputs, rules, shard_update, spread)
     if rng is not None:
         # No ambient mesh here: flax would then constrain DenseGeneral's flat (pre-reshape)
         # kernels with the full-rank names; `out_shardings` already places every leaf.

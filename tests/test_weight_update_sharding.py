@@ -20,9 +20,9 @@ from bert_jax.train_state import run_keys, sharded_state
 # --- where each leaf lives -----------------------------------------------------------------
 
 
-def _placed(mesh_shape, shape, spec):
+def _placed(mesh_shape, shape, spec, spread=False):
     mesh = sharding.create_mesh(mesh_shape)
-    return sharding.update_sharding(shape, NamedSharding(mesh, spec)).spec
+    return sharding.update_sharding(shape, NamedSharding(mesh, spec), spread=spread).spec
 
 
 def test_each_leaf_is_split_over_data_along_its_largest_dimension_that_divides():
@@ -48,10 +48,11 @@ def test_leaves_nothing_divides_and_meshes_without_data_parallelism_stay_as_they
 _DATA_ONLY = (("batch", ("data", "fsdp")), ("embed", None))
 
 
-def _abstract_placed(mesh_shape, shape, spec=None, rules=_DATA_ONLY):
-    """`update_sharding` on an abstract mesh (no devices: a pod's shape)."""
+def _abstract_placed(mesh_shape, shape, spec=None, rules=_DATA_ONLY, spread=True):
+    """`update_sharding` (`spread` by default) on an abstract mesh (no devices: a pod's
+    shape)."""
     mesh = jax.sharding.AbstractMesh(mesh_shape, sharding.MESH_AXES)
-    return sharding.update_sharding(shape, NamedSharding(mesh, spec or P()), rules).spec
+    return sharding.update_sharding(shape, NamedSharding(mesh, spec or P()), rules, spread).spec
 
 
 def test_a_leaf_no_dimension_of_which_divides_by_all_the_cores_is_split_over_two():
@@ -62,6 +63,7 @@ def test_a_leaf_no_dimension_of_which_divides_by_all_the_cores_is_split_over_two
     # The same cores as 64 x 32: the kernel is split 64 x 32 ways (1/2048 per core), a vector
     # over as many cores as divide it (1/64), the 4096-wide kernel still along one dimension.
     assert _abstract_placed((64, 32, 1), (1024, 1024)) == P("data", "fsdp")
+    assert _abstract_placed((64, 32, 1), (1024, 1024), spread=False) == P()  # the default
     assert _abstract_placed((64, 32, 1), (1024,)) == P("data")
     assert _abstract_placed((64, 32, 1), (1024, 4096)) == P(None, ("data", "fsdp"))
     # The word embeddings (30522 = 2 x 15261 rows): 64 of the 2048 ways, not 32.
@@ -75,14 +77,16 @@ def test_a_leaf_no_dimension_of_which_divides_by_all_the_cores_is_split_over_two
     )
 
 
-def test_the_most_ways_win_then_the_fewest_dimensions():
+def test_spread_the_most_ways_win_then_the_fewest_dimensions():
     # 8 devices as 4 x 2: all 8 along one dimension where one divides...
-    assert _placed((4, 2, 1), (8, 6), P()) == P(("data", "fsdp"), None)
+    assert _placed((4, 2, 1), (8, 6), P(), spread=True) == P(("data", "fsdp"), None)
     # ...else over two dimensions (data 4 along 12, fsdp 2 along 6)...
-    assert _placed((4, 2, 1), (6, 12), P()) == P("fsdp", "data")
+    assert _placed((4, 2, 1), (6, 12), P(), spread=True) == P("fsdp", "data")
+    assert _placed((4, 2, 1), (6, 12), P()) == P()  # (without spread: replicated)
     # ...else over the axes that divide (the NSP bias: 2 of the 8 ways).
-    assert _placed((4, 2, 1), (2,), P(None)) == P("fsdp")
-    assert _placed((4, 2, 1), (12,), P(None)) == P("data")
+    assert _placed((4, 2, 1), (2,), P(None), spread=True) == P("fsdp")
+    assert _placed((4, 2, 1), (12,), P(None), spread=True) == P("data")
+    assert _placed((4, 2, 1), (12,), P(None)) == P(None)
 
 
 def test_the_data_parallel_axes_are_the_batch_rules():
@@ -98,7 +102,7 @@ STEPS = 5
 
 
 def _config(
-    optimizer: str, shard: bool, dtype: str = "float32", model=(), rules=None
+    optimizer: str, shard: bool, dtype: str = "float32", model=(), rules=None, spread=False
 ) -> ml_collections.ConfigDict:
     """bert_tiny_cpu.py at the synthetic records' shapes (synth.TINY: every weight dimension
     divides by 8; `model`: (field, value) pairs that change them), a fast-warming
@@ -106,6 +110,7 @@ def _config(
     config = synth.tiny_shaped_config(dtype=dtype)
     config.model.update(dict(model))
     config.sharding_rules = rules
+    config.shard_weight_update_spread = spread
     config.optimizer.update(name=optimizer, learning_rate=5e-3, warmup_steps=3)
     config.num_train_steps = 20
     config.shard_weight_update = shard
@@ -113,9 +118,11 @@ def _config(
 
 
 @functools.cache
-def _trajectory(optimizer: str, shard: bool, mesh_shape=(8, 1, 1), model=(), rules=None):
+def _trajectory(
+    optimizer: str, shard: bool, mesh_shape=(8, 1, 1), model=(), rules=None, spread=False
+):
     """(losses, params after step 1, params after STEPS, the final state's shardings)."""
-    config = _config(optimizer, shard, model=model, rules=rules)
+    config = _config(optimizer, shard, model=model, rules=rules, spread=spread)
     mesh = sharding.create_mesh(mesh_shape, jax.devices()[: np.prod(mesh_shape)])
     run = train.setup(config, mesh, config.model.vocab_size)
     state, shardings = sharded_state(
@@ -126,6 +133,7 @@ def _trajectory(optimizer: str, shard: bool, mesh_shape=(8, 1, 1), model=(), rul
         rng=jax.random.key(0),
         rules=run.rules,
         shard_update=shard,
+        spread=spread,
     )
     losses, first = [], None
     with sharding.activation_context(mesh, run.rules):
@@ -205,7 +213,7 @@ _ODD = (
 
 
 def test_lamb_over_leaves_split_along_two_dimensions_equals_the_replicated_run():
-    args = dict(mesh_shape=(4, 2, 1), model=_ODD, rules=_DATA_ONLY)
+    args = dict(mesh_shape=(4, 2, 1), model=_ODD, rules=_DATA_ONLY, spread=True)
     losses, first, final, placed, _ = _trajectory("lamb", shard=True, **args)
     ref_losses, ref_first, ref_final, _, _ = _trajectory("lamb", shard=False, **args)
     assert losses[-1] < losses[0]  # it trains
@@ -214,6 +222,7 @@ def test_lamb_over_leaves_split_along_two_dimensions_equals_the_replicated_run()
     assert layer["intermediate"]["kernel"].shard_shape((12, 36)) == (6, 9)
     assert layer["output_layer_norm"]["scale"].shard_shape((12,)) == (3,)  # 4 of 8 ways
     # The trust ratios' norms are whole-leaf norms over both splits: step 1 is identical.
+    del args["spread"]  # the 1-device reference of the rounding bound has no update to spread
     _assert_same_run("lamb", (losses, first, final), (ref_losses, ref_first, ref_final), **args)
 
 

@@ -124,6 +124,10 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     # into the shards, each device updating 1/N of the weights. Same math, less memory
     # and far less per-update HBM traffic per device (docs/tpu.md).
     config.shard_weight_update = False
+    # With it: a leaf no dimension of which divides by all the data-parallel devices is split
+    # over two dimensions, or over the mesh axes that divide (else it stays replicated).
+    # Less memory, but a slower step on TPU v3 by the compiler (docs/tpu.md).
+    config.shard_weight_update_spread = False
     # "bfloat16": the matmul kernels' gradients are summed over the data-parallel devices in
     # bf16 (MLPerf BERT's reduce_gradients_in_bf16; needs model.dtype "bfloat16"): half the
     # bytes of the step's largest collective, rounded sums (docs/tpu.md has both effects).
