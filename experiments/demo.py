@@ -27,9 +27,9 @@ and every fine-tuning run is stored when it ends, so an interrupted demo continu
                same architecture from random weights with the same vocab ("scratch"); the
                peak learning rate is chosen per budget and arm on dev from
                --finetune_learning_rates, the stopping step per run on dev (the first
-               --dev_sentences), test is scored once per run; then the smallest budget
-               again with the other fine-tuning optimizer (--finetune_optimizer), each arm
-               at the learning rate it chose
+               --dev_sentences), test is scored once per run;
+               --compare_finetune_optimizers: then the smallest budget again with the other
+               fine-tuning optimizer (--finetune_optimizer), each arm at the rate it chose
   6. report    experiments.demo_report: <workdir>/results.md (the table printed at the
                end), results.json and curves.png: test entity F1 against label budget,
                both arms, with the paired difference and its 95% interval; the
@@ -111,6 +111,10 @@ flags.DEFINE_enum(
     "finetune_optimizer", None, ["adamw", "adamw_bias_corrected"],
     "Fine-tuning optimizer of both arms (ner default: adamw_bias_corrected, measured better "
     "at the smallest budget; the report gives the other's figures there too).",
+)  # fmt: skip
+flags.DEFINE_bool(
+    "compare_finetune_optimizers", False, "ner: also fine-tune the smallest budget with the "
+    "other optimizer (the README's comparison; about a sixth more fine-tuning)."
 )  # fmt: skip
 flags.DEFINE_integer("finetune_epochs", None, "Fine-tuning epochs (at least; see below).")
 flags.DEFINE_integer(
@@ -194,10 +198,14 @@ def setting(name: str):
     return value
 
 
-def pretrain(records_dir: str, vocab: str, workdir: str) -> str:
-    """Stage 4 (resumes from its own checkpoints when rerun); returns its workdir."""
+def pretrain(records_dir: str, vocab: str, workdir: str, *, timing: bool = False) -> str:
+    """Stage 4 (resumes from its own checkpoints when rerun); returns its workdir.
+
+    `timing`: evaluate and checkpoint at the last step only, so that every logged interval
+    times training steps alone (a calibration's: `experiments.recipe_compare`)."""
     out = os.path.join(workdir, "pretrain")
     steps, length = setting("pretrain_steps"), setting("max_seq_length")
+    eval_every, checkpoint_every = (steps, steps) if timing else (steps // 10, steps // 5)
     ner = FLAGS.task == "ner"
     # ner: the recipe's config (masked LM alone, dynamic masking, the arm's changes).
     config = f"{ARMS_CONFIG}:{FLAGS.recipe}" if ner else TINY_CONFIG
@@ -217,8 +225,8 @@ def pretrain(records_dir: str, vocab: str, workdir: str) -> str:
         f"--config.optimizer.learning_rate={setting('pretrain_learning_rate')}",
         f"--config.optimizer.warmup_steps={max(steps // 20, 1)}",
         f"--config.log_every={min(50, max(steps // 20, 1))}",
-        f"--config.eval_every={max(steps // 10, 1)}",
-        f"--config.checkpoint_every={max(steps // 5, 1)}",
+        f"--config.eval_every={max(eval_every, 1)}",
+        f"--config.checkpoint_every={max(checkpoint_every, 1)}",
     ])  # fmt: skip
     return out
 
@@ -259,8 +267,8 @@ def ner_recipe():
 
 
 def finetune_ner(pretrain_dir: str, vocab: str, workdir: str) -> dict:
-    """Stage 5: every budget, subset and arm, then the smallest budget with the other
-    optimizer; returns results.json's fine-tuning part."""
+    """Stage 5: every budget, subset and arm (and with --compare_finetune_optimizers the
+    smallest budget with the other optimizer); returns results.json's fine-tuning part."""
     from tqdm import tqdm
 
     from bert_jax import finetune_common as common
@@ -292,7 +300,8 @@ def finetune_ner(pretrain_dir: str, vocab: str, workdir: str) -> dict:
         raise app.UsageError("--subsets must be at least 2 (the paired interval needs them)")
     subsets = lb.paired_subsets(runner.num_train, budgets, k, FLAGS.seed)
     runs_per_arm = len(main.learning_rates) + k - 1
-    total = sum(main.steps(n) * runs_per_arm for n in budgets) + main.steps(budgets[0]) * k
+    total = sum(main.steps(n) * runs_per_arm for n in budgets)
+    total += main.steps(budgets[0]) * k * FLAGS.compare_finetune_optimizers
     bar = tqdm(total=total * len(ARMS), desc="5/6 finetune", unit="step", smoothing=0.05)
 
     def budget_row(n: int, recipes: dict) -> dict:
@@ -315,16 +324,17 @@ def finetune_ner(pretrain_dir: str, vocab: str, workdir: str) -> dict:
 
     with bar:
         results = {"budgets": [budget_row(n, dict.fromkeys(ARMS, main)) for n in budgets]}
-        # The smallest budget with the other optimizer, each arm at the rate it chose above.
-        first = results["budgets"][0]
-        optimizer = next(o for o in common.OPTIMIZERS if o != main.optimizer)
-        other = {
-            arm: dataclasses.replace(
-                main, optimizer=optimizer, learning_rates=(first["learning_rate"][arm],)
-            )
-            for arm in ARMS
-        }
-        results["optimizer_comparison"] = budget_row(budgets[0], other)
+        if FLAGS.compare_finetune_optimizers:
+            # The smallest budget with the other optimizer, each arm at the rate it chose.
+            first = results["budgets"][0]
+            optimizer = next(o for o in common.OPTIMIZERS if o != main.optimizer)
+            other = {
+                arm: dataclasses.replace(
+                    main, optimizer=optimizer, learning_rates=(first["learning_rate"][arm],)
+                )
+                for arm in ARMS
+            }
+            results["optimizer_comparison"] = budget_row(budgets[0], other)
     logging.set_verbosity(logging.INFO)
     results["recipe"] = dataclasses.asdict(main) | {
         "dev_sentences": FLAGS.dev_sentences, "test_sentences": FLAGS.test_sentences

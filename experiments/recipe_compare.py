@@ -9,9 +9,11 @@ them as `modern`), run through the whole demo (`experiments.demo --recipe=ARM`: 
 records, vocab, fine-tuning rule, budgets and label subsets, and "scratch" of the arm's own
 architecture), so the arms are paired by subset. Stages, each resumable:
 
-  1. calibrate  every arm pretrains --calibration_steps on the demo's records, one at a time;
-                its seconds per step (the logged intervals after the first, which compiles,
-                evaluations and checkpoints included, as in the real run) -> calibration.json
+  1. calibrate  every arm pretrains --calibration_steps on the demo's records, one at a time,
+                evaluating and checkpointing only at its end; its seconds per training step
+                (the logged intervals after the first, which compiles) -> calibration.json.
+                A demo's 10 evaluations and 5 checkpoints are the same for every arm (a few
+                seconds each); at a calibration's length they would be a third of its time
   2. budget     the reference arm (--reference) takes the demo's --pretrain_steps; every other
                 arm the steps that take the same wall time (`equal_time_steps`), reported
                 with their model FLOPs (`train.flops_per_step`)
@@ -74,7 +76,7 @@ def equal_time_steps(
 
 def seconds_per_step(metrics: list[dict]) -> float:
     """Wall seconds per step of a pretraining run's log: the logged intervals after the
-    first (which compiles), weighted by their steps, evaluations and checkpoints included.
+    first (which compiles), weighted by their steps (what else ran in them included).
 
     Raises:
         ValueError: fewer than two timed intervals.
@@ -123,7 +125,7 @@ def calibrate(workdir: str, corpus_dir: str) -> dict:
         out = os.path.join(workdir, "calibration", arm)
         load = os.getloadavg()[0]
         with _demo_flags(recipe=arm, pretrain_steps=FLAGS.calibration_steps, seed=0):
-            demo.pretrain(records, vocab, out)
+            demo.pretrain(records, vocab, out, timing=True)
         metrics = telemetry.read_metrics(os.path.join(out, "pretrain", "metrics.jsonl"))
         done["arms"][arm] = {"seconds_per_step": seconds_per_step(metrics), "load": load}
         write_json(path, done)
@@ -176,7 +178,7 @@ def run_demo(workdir: str, corpus_dir: str, arm: str, seed: int, steps: int) -> 
 DEMO_FINETUNING_FLAGS = (
     "label_budgets", "subsets", "finetune_learning_rates", "finetune_optimizer",
     "finetune_epochs", "min_finetune_steps", "max_finetune_steps", "finetune_batch_size",
-    "dev_sentences", "test_sentences",
+    "dev_sentences", "test_sentences", "compare_finetune_optimizers",
 )  # fmt: skip
 
 

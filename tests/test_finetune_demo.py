@@ -165,7 +165,7 @@ def test_a_tiny_ner_demo_end_to_end(tmp_path):
         "--label_budgets=24,16", "--subsets=2", "--min_finetune_steps=4",
         "--max_finetune_steps=6", "--finetune_batch_size=8", "--dev_sentences=40",
         "--test_sentences=200",
-        "--finetune_learning_rates=1e-3,3e-3", "--seed=1",
+        "--finetune_learning_rates=1e-3,3e-3", "--seed=1", "--compare_finetune_optimizers",
     ]  # fmt: skip
     result = run_captured(command, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]

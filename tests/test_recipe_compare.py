@@ -132,6 +132,9 @@ def test_the_demo_pretrains_with_its_recipe(monkeypatch, tmp_path, parse_demo_fl
     assert "--config=experiments/configs/demo_arms.py:modern" in args
     assert "--config.data.max_predictions_per_seq=20" in args  # 30% of 64
     assert "--config.optimizer.learning_rate=0.002" in args
+    assert "--config.eval_every=10" in args and "--config.checkpoint_every=20" in args
+    demo.pretrain("records", "vocab.txt", str(tmp_path), timing=True)  # a calibration's
+    assert "--config.eval_every=100" in calls[-1] and "--config.checkpoint_every=100" in calls[-1]
     parse_demo_flags("--recipe=modern", "--pretrain_learning_rate=5e-4")
     assert demo.setting("pretrain_learning_rate") == 5e-4  # a flag given wins
     assert demo.setting("pretrain_steps") == 6_550  # BERT's wall time (demo_arms)
