@@ -79,8 +79,8 @@ flags.DEFINE_integer("seed", 0, "Changes every seed of the run (see the docstrin
 flags.DEFINE_enum(
     "recipe", "modern", list(demo_arms.ARMS),
     "ner: the pretraining recipe (experiments/configs/demo_arms.py): all the modern choices "
-    "('modern', measured best: docs/recipes.md), BERT's ('bert'), or one modern choice; "
-    "scratch is the same architecture.",
+    "('modern', measured best: docs/recipes.md), BERT's ('bert'), one modern choice, or "
+    "ELECTRA's objective ('electra', 'electra_modern'); scratch is the same architecture.",
 )  # fmt: skip
 flags.DEFINE_integer(
     "pretrain_steps", None, "Pretraining steps (default: the task's; ner: the recipe's)."
@@ -528,7 +528,9 @@ def main(argv):
         finetuning["linear"] = linear.result()
     wall_time_s["finetune"] = time.time() - stage_start
     logging.set_verbosity(logging.ERROR)  # Orbax narrates the restore
-    extra = {"fill_mask": demo_report.fill_mask_examples(pretrain_dir, vocab)} if ner else {}
+    # ELECTRA's encoder (the discriminator) has no MLM head to fill masks with.
+    fills = ner and demo_arms.ARMS[FLAGS.recipe].objective == "mlm"
+    extra = {"fill_mask": demo_report.fill_mask_examples(pretrain_dir, vocab)} if fills else {}
     logging.set_verbosity(logging.INFO)
     wall_time_s["total"] = time.time() - start
     text = report(workdir, pretrain_dir, finetuning, extra | {"wall_time_s": wall_time_s})

@@ -4,8 +4,9 @@
 score against label budget for both arms (pretrained and from scratch), with the paired
 difference and its 95% interval; the pretraining curves from the run's metrics.jsonl; and,
 for the NER task, the pretrained model filling in masked entities of held-out sentences
-(`fill_mask_examples`). The run's settings come in as `flags` (flag name -> value, the task's
-defaults applied), so nothing here reads the command line.
+(`fill_mask_examples`; not for an ELECTRA recipe, whose encoder has no MLM head). The
+run's settings come in as `flags` (flag name -> value, the task's defaults applied), so
+nothing here reads the command line.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ import math
 import os
 from typing import Any
 
+from experiments.configs import demo_arms
+
 ARMS = ("pretrained", "scratch")
+# The held-out pretraining metrics results.json keeps (ELECTRA's: its generator's MLM and
+# the discriminator's accuracy).
+HELD_OUT_METRICS = ("step", "loss", "mlm_accuracy", "nsp_accuracy", "disc_accuracy")
 NER_TASK = "peoples_daily_ner"
 
 
@@ -87,9 +93,14 @@ def report(
             row += f" {100 * lin:.1f} ± {100 * lin_std:.1f} |"
         rows.append(row)
     runs = len(budgets[0]["pretrained"])
-    heldout = f"held-out MLM accuracy {final['mlm_accuracy']:.1%}" + (
-        "" if ner else f", NSP accuracy {final['nsp_accuracy']:.1%}"
-    )
+    objective = demo_arms.ARMS[flags["recipe"]].objective if ner else "mlm_nsp"
+    if objective == "electra":  # its MLM is the generator's; the encoder is the discriminator
+        heldout = (f"held-out MLM accuracy of the generator {final['mlm_accuracy']:.1%}, "
+                   f"replaced-token detection accuracy {final['disc_accuracy']:.1%}")  # fmt: skip
+    else:
+        heldout = f"held-out MLM accuracy {final['mlm_accuracy']:.1%}" + (
+            "" if ner else f", NSP accuracy {final['nsp_accuracy']:.1%}"
+        )
     what = (
         f"People's Daily NER (PER/LOC/ORG), test n={flags['test_sentences'] or 2000:,}" if ner
         else "Sentence polarity (Rotten Tomatoes), test n=1,000"
@@ -143,12 +154,9 @@ def report(
             "batch_size": flags["pretrain_batch_size"],
             "learning_rate": flags["pretrain_learning_rate"],
             "optimizer": flags["pretrain_optimizer"],
-            "objective": "mlm" if ner else "mlm_nsp",
+            "objective": objective,
             "max_seq_length": flags["max_seq_length"],
-            "held_out": [
-                {k: r[k] for k in ("step", "loss", "mlm_accuracy", "nsp_accuracy") if k in r}
-                for r in evals
-            ],
+            "held_out": [{k: r[k] for k in HELD_OUT_METRICS if k in r} for r in evals],
         },
         **extra,
     }

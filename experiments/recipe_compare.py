@@ -5,9 +5,10 @@ r"""The demo's pretraining recipes at equal wall time: which modern choices pay 
 
 Every arm is a recipe of experiments/configs/demo_arms.py (BERT's; rotary, ALiBi, GeGLU,
 pre-LN without biases, 30% masking, warmup-stable-decay at a higher peak, each alone; all of
-them as `modern`), run through the whole demo (`experiments.demo --recipe=ARM`: the same
-records, vocab, fine-tuning rule, budgets and label subsets, and "scratch" of the arm's own
-architecture), so the arms are paired by subset. Stages, each resumable:
+them as `modern`; ELECTRA's objective with BERT's encoder and with the modern one), run
+through the whole demo (`experiments.demo --recipe=ARM`: the same records, vocab,
+fine-tuning rule, budgets and label subsets, and "scratch" of the arm's own architecture),
+so the arms are paired by subset. Stages, each resumable:
 
   1. calibrate  every arm pretrains --calibration_steps on the demo's records, one at a time,
                 evaluating and checkpointing only at its end; its seconds per training step
@@ -212,6 +213,7 @@ def main(argv):
         flops = flops_per_step(arm, vocab_size)
         arms[arm] = {
             "description": demo_arms.ARMS[arm].description,
+            "objective": demo_arms.ARMS[arm].objective,
             "steps": steps[arm],
             "flops_per_step": flops,
             "pretrain_flops": flops * steps[arm],

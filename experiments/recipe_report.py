@@ -17,6 +17,12 @@ import numpy as np
 from experiments.label_budgets import paired_difference
 
 COMPARISON_VERSION = 1  # comparison.json's schema (bumped when a key changes meaning)
+# An ELECTRA arm's held-out MLM is its generator's (a quarter of the encoder's width).
+_GENERATOR = " (generator)"
+_GENERATOR_NOTE = (
+    "; an ELECTRA arm's is its generator's, a quarter of the width of the encoder it "
+    "fine-tunes (the discriminator): compare those arms by their fine-tuning"
+)
 
 
 def _f1(run: dict, labels: int, arm: str) -> list[float]:
@@ -71,13 +77,15 @@ def report(workdir: str, arms: dict, runs: dict, linear: dict, reference: str,
              "| --- | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for arm, info in summary["arms"].items():
         mlm = " / ".join(f"{100 * info['held_out'][s][-1]['mlm_accuracy']:.1f}%" for s in seeds)
+        mlm += _GENERATOR if info.get("objective") == "electra" else ""
         rate = timed.get(arm, {}).get("seconds_per_step")
         lines.append(f"| {arm} | {info['description']} | {info['steps']:,} | "
                      f"{info['pretrain_flops'] / 1e15:.2f} | "
                      f"{'-' if rate is None else f'{rate:.3f}'} | {mlm} |")  # fmt: skip
     text = "\n".join(lines) + (
         f"\n\nPretraining at equal wall time (the reference, {reference}, takes the demo's steps);"
-        f" held-out MLM accuracy at the end, 15% masked, seed {' / '.join(map(str, seeds))}.\n"
+        f" held-out MLM accuracy at the end, 15% masked, seed {' / '.join(map(str, seeds))}"
+        f"{_GENERATOR_NOTE if any(_GENERATOR in line for line in lines) else ''}.\n"
     )
     for row in summary["budgets"]:
         text += (f"\n**{row['labels']:,} labelled sentences** (test entity F1 %, mean ± std over "
@@ -118,7 +126,8 @@ def plot(path: str, summary: dict) -> None:
             flops = [r["step"] * info["flops_per_step"] / 1e15 for r in held]
             accuracy = [100 * r["mlm_accuracy"] for r in held]
             style = "o-" if k == 0 else "s--"
-            axes[0].plot(flops, accuracy, style, color=color, label=f"{arm} (seed {seed})",
+            name = arm + (_GENERATOR if info.get("objective") == "electra" else "")
+            axes[0].plot(flops, accuracy, style, color=color, label=f"{name} (seed {seed})",
                          markersize=3)  # fmt: skip
         labels = [row["labels"] for row in summary["budgets"]]
         means = [100 * np.mean(row["arms"][arm]["pretrained"]) for row in summary["budgets"]]

@@ -148,6 +148,23 @@ def test_small_polarity_budgets_train_at_least_the_minimum_steps(parse_demo_flag
     assert demo.finetune_epochs(10, 32) == 300  # one (short) step per epoch
 
 
+def test_an_electra_recipes_report_names_its_generator_and_discriminator(
+    tmp_path, parse_demo_flags
+):
+    parse_demo_flags("--recipe=electra")
+    (tmp_path / "pretrain").mkdir()
+    held_out = {"step": 100, "split": "eval", "loss": 12.0, "mlm_accuracy": 0.25,
+                "disc_accuracy": 0.9}  # fmt: skip
+    (tmp_path / "pretrain" / "metrics.jsonl").write_text(json.dumps(held_out) + "\n")
+    finetuning = {"budgets": [_budget(100, [0.2, 0.3], [0.1, 0.1])], "recipe": {}}
+    text = demo.report(str(tmp_path), str(tmp_path / "pretrain"), finetuning, {})
+    assert "held-out MLM accuracy of the generator 25.0%" in text
+    assert "replaced-token detection accuracy 90.0%" in text and "fills in" not in text
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert summary["pretraining"]["objective"] == "electra"
+    assert summary["pretraining"]["held_out"][-1]["disc_accuracy"] == 0.9
+
+
 def test_cli_help():
     result = subprocess.run([sys.executable, "-m", "experiments.demo", "--help"],
                             capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip

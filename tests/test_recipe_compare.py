@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -90,7 +91,7 @@ def test_each_arm_changes_only_what_it_names():
         }
         assert changed == set(arm.model), name
         pretraining = demo_arms.get_config(name)
-        assert pretraining.objective == "mlm" and pretraining.data.dynamic_masking
+        assert pretraining.objective == arm.objective and pretraining.data.dynamic_masking
         assert pretraining.data.masked_lm_prob == arm.masked_lm_prob
         assert pretraining.data.eval_masked_lm_prob == 0.15  # every arm is scored alike
         assert pretraining.optimizer.learning_rate == arm.learning_rate
@@ -101,6 +102,60 @@ def test_each_arm_changes_only_what_it_names():
     assert modern.masked_lm_prob == demo_arms.ARMS["mask30"].masked_lm_prob == 0.30
     wsd = demo_arms.ARMS["wsd"]
     assert (modern.learning_rate, modern.schedule) == (wsd.learning_rate, wsd.schedule)
+    # ELECTRA's arms: BERT's encoder and recipe, and the modern encoder and schedule, each at
+    # ELECTRA's 15%; every other arm is masked LM.
+    electra, electra_modern = demo_arms.ARMS["electra"], demo_arms.ARMS["electra_modern"]
+    assert electra.model == {} and electra_modern.model == modern.model
+    assert (electra_modern.learning_rate, electra_modern.schedule) == (wsd.learning_rate, "wsd")
+    assert electra.masked_lm_prob == electra_modern.masked_lm_prob == 0.15
+    objectives = {name: arm.objective for name, arm in demo_arms.ARMS.items()}
+    assert {n for n, o in objectives.items() if o != "mlm"} == {"electra", "electra_modern"}
+
+
+def test_the_modern_electra_arm_trains_the_modern_encoder_as_its_discriminator():
+    """The discriminator is the modern arm's encoder (the same params), the generator the
+    same kind of encoder at a quarter of the width; a few steps lower the loss. (ELECTRA with
+    BERT's encoder: tests/test_electra.py.)"""
+    name = "electra_modern"
+    from jax.sharding import Mesh
+
+    from bert_jax import electra, train_state
+    from bert_jax.mesh_shape import MESH_AXES
+
+    config = demo_arms.get_config(name)
+    config.data.max_seq_length, config.data.max_predictions_per_seq = 16, 3
+    config.global_batch_size, config.num_train_steps = 8, 20
+    config.optimizer.warmup_steps = 1
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), MESH_AXES)
+    run = train.setup(config, mesh, vocab_size=64)
+    assert isinstance(run.model, electra.ElectraForPreTraining)
+    modern = BertForPreTraining(_model_config("modern").replace(vocab_size=64), next_sentence=False)
+    example = train.init_inputs(train.example_batch(1, 16, 3))
+    mlm_params = nn.unbox(jax.eval_shape(modern.init, jax.random.key(0), *example))["params"]
+
+    def shapes(tree):
+        return {k: v.shape for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+    assert shapes(run.abstract_state.params["bert"]) == shapes(mlm_params["bert"])
+    generator, encoder = run.model.generator_config, run.model_config
+    assert generator.hidden_size == 32
+    for field in ("position_encoding", "feed_forward", "norm_placement", "linear_bias"):
+        assert getattr(generator, field) == getattr(encoder, field), field
+    state, _ = train_state.sharded_state(run.model, run.tx, mesh, run.inputs,
+                                         rng=jax.random.key(0), rules=run.rules)  # fmt: skip
+    rng = np.random.default_rng(0)
+    batch = {k: np.zeros(v.shape, v.dtype) for k, v in train.example_batch(8, 16, 3).items()}
+    batch["input_ids"] = rng.integers(5, 64, (8, 16)).astype(np.int32)
+    batch["input_mask"][:] = 1
+    batch["masked_lm_positions"] = np.tile(np.array([2, 7, 11], np.int32), (8, 1))
+    batch["masked_lm_ids"] = np.take_along_axis(batch["input_ids"], batch["masked_lm_positions"], 1)
+    batch["masked_lm_weights"][:] = 1.0
+    batch["input_ids"][np.arange(8)[:, None], batch["masked_lm_positions"]] = 4  # [MASK]
+    losses = []
+    for step in range(12):
+        state, metrics = run.train_step(state, batch, jax.random.key(step))
+        losses.append(float(metrics["loss"]))
+    assert np.isfinite(losses).all() and losses[-1] < 0.8 * losses[0], losses
 
 
 def test_geglu_has_the_mlps_parameters_and_positions_cost_their_table():
