@@ -16,8 +16,9 @@ so the arms are paired by subset. Stages, each resumable:
                 A demo's 10 evaluations and 5 checkpoints are the same for every arm (a few
                 seconds each); at a calibration's length they would be a third of its time
   2. budget     the reference arm (--reference) takes the demo's --pretrain_steps; every other
-                arm the steps that take the same wall time (`equal_time_steps`), reported
-                with their model FLOPs (`train.flops_per_step`)
+                arm the steps that take the same wall time (`equal_time_steps`; an arm that
+                steps the reference's program, e.g. `wsd`, its steps), reported with their
+                model FLOPs (`train.flops_per_step`)
   3. demo       per seed and arm, `experiments.demo` in <workdir>/<arm>_seed<S> (each also
                 fits the independent reference, benchmarks.ner_linear_reference's linear
                 tagger, on the same subsets)
@@ -61,7 +62,10 @@ _PER_RUN = ("workdir", "recipe", "seed", "pretrain_steps", "corpus_dir")
 def equal_time_steps(
     reference_steps: int, seconds_per_step: dict[str, float], reference: str
 ) -> dict[str, int]:
-    """Each arm's pretraining steps that take as long as `reference_steps` of `reference`.
+    """Each arm's pretraining steps that take as long as `reference_steps` of `reference`:
+    by the timings, except for an arm whose step is the reference's own program
+    (`demo_arms.same_step`, e.g. `wsd` against `bert`), which takes `reference_steps`. Two
+    timings of one program differ by up to 15% on a shared 2-core machine.
 
     Raises:
         ValueError: `reference` was not timed, or a time is not positive.
@@ -72,7 +76,13 @@ def equal_time_steps(
     if bad:
         raise ValueError(f"seconds per step must be positive, got {bad}")
     budget = reference_steps * seconds_per_step[reference]
-    return {arm: max(round(budget / s), 1) for arm, s in seconds_per_step.items()}
+    steps = {arm: max(round(budget / s), 1) for arm, s in seconds_per_step.items()}
+    arms = demo_arms.ARMS
+    if reference in arms:
+        for arm in steps:
+            if arm in arms and demo_arms.same_step(arms[arm], arms[reference]):
+                steps[arm] = reference_steps
+    return steps
 
 
 def seconds_per_step(metrics: list[dict]) -> float:

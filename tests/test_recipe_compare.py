@@ -209,6 +209,14 @@ def test_the_demo_pretrains_with_its_recipe(monkeypatch, tmp_path, parse_demo_fl
 def test_equal_time_steps():
     steps = recipe_compare.equal_time_steps(8000, {"bert": 0.18, "modern": 0.22}, "bert")
     assert steps == {"bert": 8000, "modern": round(8000 * 0.18 / 0.22)}  # 6,545
+    # wsd steps BERT's program (only the learning rates differ): BERT's steps, whatever
+    # its timing says; mask30's larger MLM head is another program, timed.
+    timed = {"bert": 0.22, "wsd": 0.20, "mask30": 0.24, "electra": 0.3}
+    steps = recipe_compare.equal_time_steps(8000, timed, "bert")
+    assert steps == {"bert": 8000, "wsd": 8000, "mask30": round(8000 * 0.22 / 0.24),
+                     "electra": round(8000 * 0.22 / 0.3)}  # fmt: skip
+    same = [n for n, a in demo_arms.ARMS.items() if demo_arms.same_step(a, demo_arms.ARMS["bert"])]
+    assert same == ["bert", "wsd"]
     with pytest.raises(ValueError, match="reference arm 'bert' has no measured time"):
         recipe_compare.equal_time_steps(8000, {"modern": 0.2}, "bert")
     with pytest.raises(ValueError, match="must be positive"):

@@ -81,6 +81,13 @@ ARMS: dict[str, Arm] = {
 }  # fmt: skip
 
 
+def same_step(a: Arm, b: Arm) -> bool:
+    """Whether the two arms' pretraining steps are one program (the same model, masking rate
+    and objective; the learning rate and its schedule are only its inputs), so cost the same
+    time: `experiments.recipe_compare` gives them the same steps, whatever their timings."""
+    return (a.model, a.masked_lm_prob, a.objective) == (b.model, b.masked_lm_prob, b.objective)
+
+
 def apply(config: ml_collections.ConfigDict, arm: Arm) -> ml_collections.ConfigDict:
     """`config` (a pretraining config) with `arm`'s changes."""
     for field, value in arm.model.items():
