@@ -46,7 +46,9 @@ PRETRAINING = {
     "modernbert_tiny_cpu.py": (None,),
     "modernbert_base_tpu.py": ("phase1", "phase2"),
     # The demo's recipes (the demo sets T, P, batch and steps on the command line).
-    "demo_arms.py": ("bert", "rotary", "alibi", "geglu", "pre_ln", "mask30", "wsd", "modern"),
+    "demo_arms.py": tuple(
+        "bert rotary alibi geglu pre_ln mask30 wsd modern electra electra_modern".split()
+    ),
 }
 HELPERS = ("__init__.py", "cloud_tpu.py")
 TPU_CONFIGS = (
