@@ -110,7 +110,7 @@ flags.DEFINE_list(
 flags.DEFINE_enum(
     "finetune_optimizer", None, ["adamw", "adamw_bias_corrected"],
     "Fine-tuning optimizer of both arms (ner default: adamw_bias_corrected, measured better "
-    "at the smallest budget; the report gives the other's figures there too).",
+    "at the smallest budget; --compare_finetune_optimizers reports the other's there too).",
 )  # fmt: skip
 flags.DEFINE_bool(
     "compare_finetune_optimizers", False, "ner: also fine-tune the smallest budget with the "
