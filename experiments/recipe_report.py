@@ -25,6 +25,11 @@ _GENERATOR_NOTE = (
 )
 
 
+def _generator(info: dict) -> str:
+    """The mark of an ELECTRA arm's held-out MLM (its generator's), else nothing."""
+    return _GENERATOR if info.get("objective") == "electra" else ""
+
+
 def _f1(run: dict, labels: int, arm: str) -> list[float]:
     budget = next(b for b in run["label_budgets"] if b["labels"] == labels)
     return budget[arm]
@@ -77,7 +82,7 @@ def report(workdir: str, arms: dict, runs: dict, linear: dict, reference: str,
              "| --- | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for arm, info in summary["arms"].items():
         mlm = " / ".join(f"{100 * info['held_out'][s][-1]['mlm_accuracy']:.1f}%" for s in seeds)
-        mlm += _GENERATOR if info.get("objective") == "electra" else ""
+        mlm += _generator(info)
         rate = timed.get(arm, {}).get("seconds_per_step")
         lines.append(f"| {arm} | {info['description']} | {info['steps']:,} | "
                      f"{info['pretrain_flops'] / 1e15:.2f} | "
@@ -85,7 +90,7 @@ def report(workdir: str, arms: dict, runs: dict, linear: dict, reference: str,
     text = "\n".join(lines) + (
         f"\n\nPretraining at equal wall time (the reference, {reference}, takes the demo's steps);"
         f" held-out MLM accuracy at the end, 15% masked, seed {' / '.join(map(str, seeds))}"
-        f"{_GENERATOR_NOTE if any(_GENERATOR in line for line in lines) else ''}.\n"
+        f"{_GENERATOR_NOTE if any(map(_generator, summary['arms'].values())) else ''}.\n"
     )
     for row in summary["budgets"]:
         text += (f"\n**{row['labels']:,} labelled sentences** (test entity F1 %, mean ± std over "
@@ -126,8 +131,8 @@ def plot(path: str, summary: dict) -> None:
             flops = [r["step"] * info["flops_per_step"] / 1e15 for r in held]
             accuracy = [100 * r["mlm_accuracy"] for r in held]
             style = "o-" if k == 0 else "s--"
-            name = arm + (_GENERATOR if info.get("objective") == "electra" else "")
-            axes[0].plot(flops, accuracy, style, color=color, label=f"{name} (seed {seed})",
+            axes[0].plot(flops, accuracy, style, color=color,
+                         label=f"{arm}{_generator(info)} (seed {seed})",
                          markersize=3)  # fmt: skip
         labels = [row["labels"] for row in summary["budgets"]]
         means = [100 * np.mean(row["arms"][arm]["pretrained"]) for row in summary["budgets"]]

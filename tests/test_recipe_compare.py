@@ -116,17 +116,13 @@ def test_the_modern_electra_arm_trains_the_modern_encoder_as_its_discriminator()
     """The discriminator is the modern arm's encoder (the same params), the generator the
     same kind of encoder at a quarter of the width; a few steps lower the loss. (ELECTRA with
     BERT's encoder: tests/test_electra.py.)"""
-    name = "electra_modern"
-    from jax.sharding import Mesh
+    from bert_jax import electra, sharding, train_state
 
-    from bert_jax import electra, train_state
-    from bert_jax.mesh_shape import MESH_AXES
-
-    config = demo_arms.get_config(name)
+    config = demo_arms.get_config("electra_modern")
     config.data.max_seq_length, config.data.max_predictions_per_seq = 16, 3
     config.global_batch_size, config.num_train_steps = 8, 20
     config.optimizer.warmup_steps = 1
-    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), MESH_AXES)
+    mesh = sharding.create_mesh((1, 1, 1), devices=jax.devices()[:1])
     run = train.setup(config, mesh, vocab_size=64)
     assert isinstance(run.model, electra.ElectraForPreTraining)
     modern = BertForPreTraining(_model_config("modern").replace(vocab_size=64), next_sentence=False)
