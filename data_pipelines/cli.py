@@ -7,16 +7,24 @@
   flag parsing.
 - `check_same_flags`: a tool whose workdir outputs are reused on a rerun records the flags
   they depend on there, and refuses the workdir when a rerun changes them.
+- A tool that starts tools (the demo's stages) stops them when it stops: `run_child` sends
+  its child SIGTERM (a training stage checkpoints and stops) when the tool is interrupted
+  while it waits, and `run(main, stop_on_sigterm=True)` makes SIGTERM such an interruption
+  (by default SIGTERM kills the tool at once and its children train on: a rerun would then
+  start a second writer into the same workdir).
 
 It lives in `data_pipelines`, the package every other one may import.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
 from collections.abc import Callable
 
@@ -64,10 +72,59 @@ def _define_help_flags() -> None:
         flags.DEFINE_flag(flag)
 
 
-def run(main: Callable[[list[str]], object]) -> None:
-    """`absl.app.run(main)` with a help that exits 0 and one-line config-key errors."""
+def run(main: Callable[[list[str]], object], *, stop_on_sigterm: bool = False) -> None:
+    """`absl.app.run(main)` with a help that exits 0 and one-line config-key errors; with
+    `stop_on_sigterm`, SIGTERM raises SystemExit(143) in `main` (its `finally` blocks and
+    `run_child` stop what it started) instead of killing the process."""
     _define_help_flags()
+    if stop_on_sigterm:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     app.run(main, flags_parser=_parse_flags)
+
+
+# --- tools that start tools ---------------------------------------------------------------
+
+# Seconds a stopped child has to finish (a training stage writes its checkpoint) before it
+# is killed.
+STOP_GRACE_S = 120
+
+
+def _exit_on_sigterm(signum, _frame):
+    sys.stderr.write("SIGTERM: stopping, and the tools this one started first\n")
+    raise SystemExit(128 + signum)
+
+
+def stop(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to `process` if it still runs, then waits `grace_s` for it before SIGKILL."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@contextlib.contextmanager
+def stops_with_this_process(process: subprocess.Popen):
+    """A block after which `process` does not outlive an interruption of this one (an
+    exception, Ctrl-C, SIGTERM under `run(..., stop_on_sigterm=True)`): `stop` runs before
+    the exception goes on."""
+    try:
+        yield process
+    except BaseException:
+        stop(process)
+        raise
+
+
+def run_child(command: list[str], **popen_kwargs) -> int:
+    """`subprocess.run(command).returncode`, except that an interrupted wait stops the child
+    with SIGTERM (`stop`: a training child checkpoints) where subprocess.run kills it, so
+    it neither loses its last steps nor leaves its own children running."""
+    process = subprocess.Popen(command, **popen_kwargs)
+    with stops_with_this_process(process):
+        return process.wait()
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

@@ -23,7 +23,6 @@ Each stage runs as `python -m <tool>` with its own progress bar.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 from absl import app, flags, logging
@@ -34,15 +33,14 @@ HELD_OUT_EVERY = 20  # every 20th document is an evaluation document
 
 
 def run(stage: str, args: list[str]) -> None:
-    """Runs `python -m <args>` with live output; raises naming the stage if it fails."""
+    """Runs `python -m <args>` with live output; raises naming the stage if it fails. An
+    interrupted wait stops the stage first (`cli.run_child`)."""
     command = [sys.executable, "-m", *args]
     logging.info("[%s] %s", stage, " ".join(command))
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}
-    result = subprocess.run(command, env=env)
-    if result.returncode:
-        raise RuntimeError(
-            f"stage {stage!r} failed (exit {result.returncode}): {' '.join(command)}"
-        )
+    returncode = cli.run_child(command, env=env)
+    if returncode:
+        raise RuntimeError(f"stage {stage!r} failed (exit {returncode}): {' '.join(command)}")
 
 
 def concatenate(parts: list[str], output: str) -> None:

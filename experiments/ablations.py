@@ -467,4 +467,4 @@ def define_flags() -> None:
 if __name__ == "__main__":
     define_flags()
     flags.mark_flag_as_required("table")
-    cli.run(main)
+    cli.run(main, stop_on_sigterm=True)

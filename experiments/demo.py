@@ -47,6 +47,7 @@ seed needs its own --workdir; the corpus and vocab in --corpus_dir are shared.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -347,7 +348,8 @@ class LinearReference:
     demo's subsets, dev and test sentences: what a model told that neighbouring characters
     matter does with these labels. It fits in a background process while the demo
     pretrains (the tiny model leaves part of the second core idle); `result()` waits for it.
-    Stored in the workdir: a rerun reads it back."""
+    Stored in the workdir: a rerun reads it back. A context manager: leaving the block
+    (an error, a stopped demo) stops a fit still running."""
 
     def __init__(self, workdir: str):
         budgets, k = setting("label_budgets"), setting("subsets")
@@ -374,6 +376,14 @@ class LinearReference:
             raise RuntimeError(f"the linear reference failed: see {self.log}")
         with open(self.path, encoding="utf-8") as f:
             return json.load(f)["label_budgets"]
+
+    def __enter__(self) -> LinearReference:
+        return self
+
+    def __exit__(self, *_) -> None:
+        """A failed or stopped demo leaves no tagger fitting behind it."""
+        if self.process is not None:
+            cli.stop(self.process)
 
 
 def recipe_id(r) -> str:
@@ -518,14 +528,15 @@ def main(argv):
     )  # fmt: skip
     wall_time_s["data"] = time.time() - stage_start
     stage_start = time.time()
-    linear = LinearReference(workdir) if ner else None  # fits while the model pretrains
-    pretrain_dir = pretrain(os.path.join(workdir, "records"), vocab, workdir)
-    wall_time_s["pretrain"] = time.time() - stage_start
-    stage_start = time.time()
-    finetune = finetune_ner if ner else finetune_polarity
-    finetuning = finetune(pretrain_dir, vocab, workdir)
-    if linear:
-        finetuning["linear"] = linear.result()
+    # The linear tagger fits while the model pretrains.
+    with LinearReference(workdir) if ner else contextlib.nullcontext() as linear:
+        pretrain_dir = pretrain(os.path.join(workdir, "records"), vocab, workdir)
+        wall_time_s["pretrain"] = time.time() - stage_start
+        stage_start = time.time()
+        finetune = finetune_ner if ner else finetune_polarity
+        finetuning = finetune(pretrain_dir, vocab, workdir)
+        if linear:
+            finetuning["linear"] = linear.result()
     wall_time_s["finetune"] = time.time() - stage_start
     logging.set_verbosity(logging.ERROR)  # Orbax narrates the restore
     # ELECTRA's encoder (the discriminator) has no MLM head to fill masks with.
@@ -540,4 +551,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, stop_on_sigterm=True)

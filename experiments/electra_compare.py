@@ -386,4 +386,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
     define_flags()
-    cli.run(main)
+    cli.run(main, stop_on_sigterm=True)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -180,7 +179,7 @@ def run_demo(workdir: str, corpus_dir: str, arm: str, seed: int, steps: int) -> 
             f"--seed={seed}", f"--pretrain_steps={steps}", f"--corpus_dir={corpus_dir}", *passed,
         ]  # fmt: skip
         logging.info("[3/4 demo] %s", " ".join(command))
-        if subprocess.run(command).returncode:
+        if cli.run_child(command):
             raise RuntimeError(f"the demo of arm {arm}, seed {seed} failed: {' '.join(command)}")
     return _read(results)
 
@@ -263,4 +262,4 @@ def _read(path: str):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, stop_on_sigterm=True)
