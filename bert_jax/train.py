@@ -312,7 +312,9 @@ def setup(config: ml_collections.ConfigDict, mesh, vocab_size: int | None = None
         compute = shardings.params
         spread = config.get("shard_weight_update_spread", False)
         shardings = sharding.update_shardings(abstract_state, shardings, rules, spread)
-        layout = UpdateLayout(compute, shardings.params)
+        explicit = config.get("shard_weight_update_explicit_gather", False)
+        gather = jnp.dtype(config.model.get("dtype", "float32")) if explicit else None
+        layout = UpdateLayout(compute, shardings.params, gather)
     keys = (
         records.BATCH
         if pretraining_input.max_instances_per_row(config) is None

@@ -153,16 +153,75 @@ class UpdateLayout(NamedTuple):
 
     compute: Any  # shardings the forward and backward passes read them in (the rule table's)
     update: Any  # shardings they are stored, updated and checkpointed in (split over data)
+    # With `config.shard_weight_update_explicit_gather`: the model's compute dtype, which the
+    # matmul kernels are gathered in by an explicit all-gather (`gather_params`). None: the
+    # params are gathered as stored, by a sharding constraint.
+    gather_dtype: Any = None
 
 
 def gather_params(params: Any, layout: UpdateLayout) -> Any:
     """`params` as the forward and backward passes read them: gathered to `layout.compute`.
 
-    They are gathered as stored (f32); the model casts its matmul kernels to the compute
-    dtype, and XLA moves that cast before the gather where it pays (the TPU compiler
-    gathers BERT's kernels in bf16). Their gradients stay f32 (`bert_jax.model.matmul`).
+    Without `layout.gather_dtype` they are gathered as stored (f32) by a sharding
+    constraint, and the model casts its matmul kernels to its compute dtype. With it, each
+    matmul kernel split over data-parallel devices is cast to that dtype on its shard and
+    gathered by an explicit all-gather (`_gather_kernel`), which is the value the model's
+    own cast makes of the gathered f32 kernel: the same forward and backward passes, bit
+    for bit. Which is faster depends on the slice (docs/tpu.md, "Collectives"): on v3-128
+    the compiler lowers a 64-way gather to an all-reduce of the kernel zero-padded from
+    its shard, and given only the constraint it pads in f32 before it converts. Gradients
+    stay f32 either way (`bert_jax.model.matmul`) and go back to `layout.update`.
     """
-    return jax.lax.with_sharding_constraint(params, layout.compute)
+    if layout.gather_dtype is None:
+        return jax.lax.with_sharding_constraint(params, layout.compute)
+
+    def gather(path, x, compute, update):
+        names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        split = _data_split(compute, update)
+        if not names or names[-1] != "kernel" or split is None:
+            return jax.lax.with_sharding_constraint(x, compute)
+        return _gather_kernel(x, compute, update, *split, layout.gather_dtype)
+
+    return jax.tree_util.tree_map_with_path(gather, params, layout.compute, layout.update)
+
+
+def _data_split(compute, update) -> tuple[int, tuple[str, ...]] | None:
+    """(dimension, mesh axes) the update sharding splits a leaf over beyond its compute
+    sharding (`sharding.update_sharding`: the axes follow the compute ones on that
+    dimension), or None when it adds none or spreads them over several dimensions."""
+    spec = list(compute.spec) + [None] * (len(update.spec) - len(compute.spec))
+    extra = [
+        (dim, tuple(a for a in sharding.axis_names(entry) if a not in sharding.axis_names(c)))
+        for dim, (entry, c) in enumerate(zip(update.spec, spec, strict=True))
+    ]
+    extra = [(dim, axes) for dim, axes in extra if axes]
+    return extra[0] if len(extra) == 1 else None
+
+
+def _gather_kernel(x, compute, update, dim: int, axes: tuple[str, ...], dtype):
+    """`x` (f32, placed by `update`) as its `compute` placement: each shard cast to `dtype`,
+    all-gathered over `axes` along `dim`, and cast back (exactly: the model casts it to
+    `dtype` again). Its gradient is put back to `update` as the constraint's is."""
+    gather = jax.shard_map(
+        lambda shard: jax.lax.all_gather(shard.astype(dtype), axes, axis=dim, tiled=True),
+        mesh=compute.mesh,
+        in_specs=update.spec,
+        out_specs=compute.spec,
+        check_vma=False,
+    )
+
+    @jax.custom_vjp
+    def gathered(x):
+        return gather(x).astype(x.dtype)
+
+    def forward(x):
+        return gathered(x), None
+
+    def backward(_, grad):
+        return (jax.lax.with_sharding_constraint(grad, update),)
+
+    gathered.defvjp(forward, backward)
+    return gathered(x)
 
 
 def cast_kernels(params: Any, dtype) -> Any:

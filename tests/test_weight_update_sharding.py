@@ -275,6 +275,47 @@ def test_gradients_are_reduced_in_float32_under_bf16_matmuls(compiled_steps, sha
     assert {dtype for dtype, _ in reductions} <= {"f32", "s32", "u32", "pred"}, reductions
 
 
+# --- the kernels gathered in the compute dtype -----------------------------------------------
+
+
+def _bf16_run(explicit: bool):
+    """(losses, params after STEPS, lowered step text) of the sharded update with bf16
+    matmuls, its kernels gathered by an explicit bf16 all-gather
+    (`config.shard_weight_update_explicit_gather`) or by the constraint on the f32 params."""
+    config = _config("adamw", True, dtype="bfloat16")
+    config.shard_weight_update_explicit_gather = explicit
+    mesh = sharding.create_mesh((8, 1, 1))
+    run = train.setup(config, mesh, config.model.vocab_size)
+    assert run.layout.gather_dtype == (jnp.bfloat16 if explicit else None)
+    state, _ = sharded_state(
+        run.model, run.tx, mesh, run.inputs, rng=jax.random.key(0), rules=run.rules,
+        shard_update=True,
+    )  # fmt: skip
+    losses = []
+    with sharding.activation_context(mesh, run.rules):
+        for i in range(STEPS):
+            batch = sharding.global_batch(synth.random_batch(8, seed=i), mesh, run.rules)
+            lowered = run.train_step.lower(state, batch, run_keys(0)[1]).as_text()
+            state, metrics = run.train_step(state, batch, run_keys(0)[1])
+            losses.append(float(metrics["loss"]))
+    return losses, jax.tree.map(np.asarray, state.params), lowered
+
+
+def test_kernels_gathered_in_bf16_train_bit_for_bit_as_the_f32_gather():
+    losses, params, lowered = _bf16_run(explicit=True)
+    ref_losses, ref_params, ref_lowered = _bf16_run(explicit=False)
+    # The explicit path is the one taken: bf16 all-gathers in the program, none before.
+    gathers = [line for line in lowered.splitlines() if "all_gather" in line]
+    assert gathers and all("bf16" in line for line in gathers), gathers[:3]
+    assert "all_gather" not in ref_lowered
+    assert losses[-1] < losses[0]  # it trains
+    assert losses == ref_losses
+    for (path, leaf), ref in zip(
+        jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(ref_params), strict=True
+    ):
+        np.testing.assert_array_equal(leaf, ref, err_msg=jax.tree_util.keystr(path))
+
+
 def _bytes_per_device(tree, shardings) -> int:
     return sum(
         int(np.prod(s.shard_shape(x.shape))) * x.dtype.itemsize

@@ -128,6 +128,10 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     # over two dimensions, or over the mesh axes that divide (else it stays replicated).
     # Less memory, but a slower step on TPU v3 by the compiler (docs/tpu.md).
     config.shard_weight_update_spread = False
+    # With it: the matmul kernels are gathered by an explicit all-gather of shards cast to
+    # model.dtype, not by the partitioner from the f32 shards. Same math; faster by the TPU
+    # compiler on v3-128 (64-way gathers), slower on v4 and v5e (docs/tpu.md, "Collectives").
+    config.shard_weight_update_explicit_gather = False
     # "bfloat16": the matmul kernels' gradients are summed over the data-parallel devices in
     # bf16 (MLPerf BERT's reduce_gradients_in_bf16; needs model.dtype "bfloat16"): half the
     # bytes of the step's largest collective, rounded sums (docs/tpu.md has both effects).
