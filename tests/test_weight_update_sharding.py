@@ -119,10 +119,13 @@ def _config(
 
 @functools.cache
 def _trajectory(
-    optimizer: str, shard: bool, mesh_shape=(8, 1, 1), model=(), rules=None, spread=False
-):
-    """(losses, params after step 1, params after STEPS, the final state's shardings)."""
-    config = _config(optimizer, shard, model=model, rules=rules, spread=spread)
+    optimizer: str, shard: bool, mesh_shape=(8, 1, 1), model=(), rules=None, spread=False,
+    dtype="float32", explicit=False,
+):  # fmt: skip
+    """(losses, params after step 1, params after STEPS, the final state's shardings);
+    `explicit`: `config.shard_weight_update_explicit_gather`."""
+    config = _config(optimizer, shard, dtype=dtype, model=model, rules=rules, spread=spread)
+    config.shard_weight_update_explicit_gather = explicit
     mesh = sharding.create_mesh(mesh_shape, jax.devices()[: np.prod(mesh_shape)])
     run = train.setup(config, mesh, config.model.vocab_size)
     state, shardings = sharded_state(
@@ -229,10 +232,9 @@ def test_lamb_over_leaves_split_along_two_dimensions_equals_the_replicated_run()
 # --- what the compiled program reduces and holds ---------------------------------------------
 
 
-def _compiled_step(shard: bool):
-    """The train step of `_config` with bf16 matmuls (the TPU configs'), compiled for 8
-    devices; returns (compiled, abstract state, its shardings)."""
-    config = _config("adamw", shard, dtype="bfloat16")
+def _lowered_step(config):
+    """The train step of `config` lowered for 8 devices on abstract inputs; returns
+    (lowered, abstract state, its shardings)."""
     mesh = sharding.create_mesh((8, 1, 1))
     run = train.setup(config, mesh, config.model.vocab_size)
     state = checkpointing.abstract_like(run.abstract_state, run.shardings)
@@ -242,8 +244,15 @@ def _compiled_step(shard: bool):
     replicated = NamedSharding(mesh, P())
     rng = jax.ShapeDtypeStruct((), run_keys(0)[1].dtype, sharding=replicated)
     with sharding.activation_context(mesh, run.rules):
-        compiled = run.train_step.lower(state, batch, rng).compile()
-    return compiled, state, run.shardings
+        lowered = run.train_step.lower(state, batch, rng)
+    return lowered, state, run.shardings
+
+
+def _compiled_step(shard: bool):
+    """The train step of `_config` with bf16 matmuls (the TPU configs'), compiled for 8
+    devices; returns (compiled, abstract state, its shardings)."""
+    lowered, state, shardings = _lowered_step(_config("adamw", shard, dtype="bfloat16"))
+    return lowered.compile(), state, shardings
 
 
 # `%name = f32[64,256]{1,0} all-reduce(...`, or a tuple `(f32[64]{0}, /*index=5*/bf16[..]..)`.
@@ -278,39 +287,25 @@ def test_gradients_are_reduced_in_float32_under_bf16_matmuls(compiled_steps, sha
 # --- the kernels gathered in the compute dtype -----------------------------------------------
 
 
-def _bf16_run(explicit: bool):
-    """(losses, params after STEPS, lowered step text) of the sharded update with bf16
-    matmuls, its kernels gathered by an explicit bf16 all-gather
-    (`config.shard_weight_update_explicit_gather`) or by the constraint on the f32 params."""
-    config = _config("adamw", True, dtype="bfloat16", model=(("num_hidden_layers", 1),))
-    config.shard_weight_update_explicit_gather = explicit
-    mesh = sharding.create_mesh((8, 1, 1))
-    run = train.setup(config, mesh, config.model.vocab_size)
-    assert run.layout.gather_dtype == (jnp.bfloat16 if explicit else None)
-    state, _ = sharded_state(
-        run.model, run.tx, mesh, run.inputs, rng=jax.random.key(0), rules=run.rules,
-        shard_update=True,
-    )  # fmt: skip
-    losses, lowered = [], None
-    with sharding.activation_context(mesh, run.rules):
-        for i in range(STEPS):
-            batch = sharding.global_batch(synth.random_batch(8, seed=i), mesh, run.rules)
-            if lowered is None:
-                lowered = run.train_step.lower(state, batch, run_keys(0)[1]).as_text()
-            state, metrics = run.train_step(state, batch, run_keys(0)[1])
-            losses.append(float(metrics["loss"]))
-    return losses, jax.tree.map(np.asarray, state.params), lowered
+_ONE_LAYER_BF16 = dict(dtype="bfloat16", model=(("num_hidden_layers", 1),))
 
 
 def test_kernels_gathered_in_bf16_train_bit_for_bit_as_the_f32_gather():
-    losses, params, lowered = _bf16_run(explicit=True)
-    ref_losses, ref_params, ref_lowered = _bf16_run(explicit=False)
+    """`config.shard_weight_update_explicit_gather` (an explicit bf16 all-gather of the
+    kernels) against the constraint on the f32 params, both with bf16 matmuls."""
+    losses, _, params, _, _ = _trajectory("adamw", True, explicit=True, **_ONE_LAYER_BF16)
+    ref_losses, _, ref_params, _, _ = _trajectory("adamw", True, **_ONE_LAYER_BF16)
     # The explicit path is the one taken: bf16 all-gathers in the program, none before.
-    gathers = [line for line in lowered.splitlines() if "all_gather" in line]
+    lowered = {}
+    for explicit in (True, False):
+        config = _config("adamw", True, **_ONE_LAYER_BF16)
+        config.shard_weight_update_explicit_gather = explicit
+        lowered[explicit] = _lowered_step(config)[0].as_text()
+    gathers = [line for line in lowered[True].splitlines() if "all_gather" in line]
     assert gathers and all("bf16" in line for line in gathers), gathers[:3]
-    assert "all_gather" not in ref_lowered
+    assert "all_gather" not in lowered[False]
     assert losses[-1] < losses[0]  # it trains
-    assert losses == ref_losses
+    np.testing.assert_array_equal(losses, ref_losses)
     for (path, leaf), ref in zip(
         jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(ref_params), strict=True
     ):
