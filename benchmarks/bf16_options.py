@@ -62,27 +62,35 @@ def collective_bytes(hlo_text: str) -> dict[tuple[str, str], int]:
     return dict(totals)
 
 
-def estimate(config) -> None:
-    """Prints one markdown row per variant of `config` on its slice."""
+def step_figures(config, devices) -> tuple[float, float, float, dict]:
+    """The train step of `config` compiled for `devices`: (compiler ms or NaN, the MFU it
+    implies or 0, peak GiB per core, `collective_bytes` of the program)."""
     from bert_jax import train
     from experiments import aot_compile
 
-    devices = aot_compile.slice_devices(config.topology)
+    compiled, _, _, cfg = aot_compile.compile_steps(config, devices, evaluate=False)
+    seconds = aot_compile.optimal_seconds(compiled)
     peak = aot_compile.device_peak_flops(devices[0].device_kind)
+    flops = train.flops_per_step(config, cfg)
+    mfu = aot_compile.implied_mfu(flops, seconds, peak, len(devices)) if seconds else 0.0
+    memory = aot_compile.MemoryUse.of(compiled).total / aot_compile.GiB
+    ms = seconds * 1e3 if seconds else float("nan")
+    return ms, mfu, memory, collective_bytes(compiled.as_text())
+
+
+def estimate(config) -> None:
+    """Prints one markdown row per variant of `config` on its slice."""
+    from experiments import aot_compile
+
+    devices = aot_compile.slice_devices(config.topology)
     print("| variant | ms / step | MFU | peak GiB / core | collectives per core (MB) |")
     print("| --- | ---: | ---: | ---: | --- |")
     for name, (reduce, mu) in VARIANTS.items():
         variant = aot_compile.unrolled(config)
         with variant.unlocked():
             variant.grad_reduce_dtype, variant.optimizer.mu_dtype = reduce, mu
-        compiled, _, _, cfg = aot_compile.compile_steps(variant, devices, evaluate=False)
-        seconds = aot_compile.optimal_seconds(compiled)
-        flops = train.flops_per_step(variant, cfg)
-        mfu = aot_compile.implied_mfu(flops, seconds, peak, len(devices)) if seconds else 0.0
-        memory = aot_compile.MemoryUse.of(compiled).total / aot_compile.GiB
-        moved = collective_bytes(compiled.as_text())
+        ms, mfu, memory, moved = step_figures(variant, devices)
         parts = ", ".join(f"{k} {t} {b / 1e6:.0f}" for (k, t), b in sorted(moved.items()))
-        ms = seconds * 1e3 if seconds else float("nan")
         print(f"| {name} | {ms:.1f} | {mfu:.1%} | {memory:.2f} | {parts} |", flush=True)
 
 

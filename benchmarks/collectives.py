@@ -30,7 +30,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from benchmarks.bf16_options import collective_bytes
+from benchmarks.bf16_options import collective_bytes, step_figures
 from data_pipelines import cli
 
 FLAGS = flags.FLAGS
@@ -38,8 +38,7 @@ FLAGS = flags.FLAGS
 TOPOLOGIES = ("v3:8x8", "v3:4x4", "v4:2x2x4", "v5e:4x4")
 
 
-def _collectives(compiled) -> str:
-    moved = collective_bytes(compiled.as_text())
+def _collectives(moved: dict) -> str:
     return ", ".join(f"{k} {t} {b / 1e6:.1f}" for (k, t), b in sorted(moved.items())) or "none"
 
 
@@ -110,11 +109,11 @@ def micro() -> None:
         for name, (fn, args) in micro_programs(mesh).items():
             compiled = jax.jit(fn).lower(*args).compile()
             ms = aot_compile.optimal_seconds(compiled) * 1e3
-            print(f"| {topology} | {name} | {ms:.3f} | {_collectives(compiled)} |", flush=True)
+            moved = _collectives(collective_bytes(compiled.as_text()))
+            print(f"| {topology} | {name} | {ms:.3f} | {moved} |", flush=True)
 
 
 def step(config, layers: int | None) -> None:
-    from bert_jax import train
     from experiments import aot_compile
 
     config = aot_compile.unrolled(config)
@@ -122,21 +121,15 @@ def step(config, layers: int | None) -> None:
         with config.unlocked():
             config.model.num_hidden_layers = layers
     devices = aot_compile.slice_devices(config.topology)
-    peak = aot_compile.device_peak_flops(devices[0].device_kind)
     print("| weights gathered | ms / step | MFU | peak GiB / core | collectives per core (MB) |")
     print("| --- | ---: | ---: | ---: | --- |")
     for name, explicit in (("f32, by constraint", False), ("bf16, all_gather", True)):
         with config.unlocked():
             config.shard_weight_update_explicit_gather = explicit
         start = time.time()
-        compiled, _, _, cfg = aot_compile.compile_steps(config, devices, evaluate=False)
-        seconds = aot_compile.optimal_seconds(compiled)
-        flops = train.flops_per_step(config, cfg)
-        mfu = aot_compile.implied_mfu(flops, seconds, peak, len(devices))
-        memory = aot_compile.MemoryUse.of(compiled).total / aot_compile.GiB
-        print(f"| {name} | {seconds * 1e3:.2f} | {mfu:.1%} | {memory:.2f} | "
-              f"{_collectives(compiled)} | ({time.time() - start:.0f} s to compile)",
-              flush=True)  # fmt: skip
+        ms, mfu, memory, moved = step_figures(config, devices)
+        print(f"| {name} | {ms:.2f} | {mfu:.1%} | {memory:.2f} | {_collectives(moved)} | "
+              f"({time.time() - start:.0f} s to compile)", flush=True)  # fmt: skip
 
 
 def define_flags() -> None:
