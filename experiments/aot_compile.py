@@ -337,6 +337,14 @@ def compile_steps(config, devices, *, evaluate: bool = True):
 
     Returns (compiled train step, compiled eval step or None, mesh, model config).
     """
+    train, evaluation, mesh, model_config = lower_steps(config, devices, evaluate=evaluate)
+    compiled_eval = evaluation.compile() if evaluate else None
+    return train.compile(), compiled_eval, mesh, model_config
+
+
+def lower_steps(config, devices, *, evaluate: bool = True):
+    """`compile_steps` before compiling: (lowered train step, lowered eval step or None,
+    mesh, model config)."""
     import jax
 
     from bert_jax import checkpointing, pretraining_input, sharding, train, train_state
@@ -361,9 +369,9 @@ def compile_steps(config, devices, *, evaluate: bool = True):
     _, key = jax.eval_shape(lambda: train_state.run_keys(config.seed, config.prng_impl))
     rng = jax.ShapeDtypeStruct((), key.dtype, sharding=replicated)
     with sharding.activation_context(mesh, run.rules):
-        compiled_train = run.train_step.lower(state, batch, rng).compile()
-        compiled_eval = run.eval_step.lower(state.params, batch).compile() if evaluate else None
-    return compiled_train, compiled_eval, mesh, run.model_config
+        lowered_train = run.train_step.lower(state, batch, rng)
+        lowered_eval = run.eval_step.lower(state.params, batch) if evaluate else None
+    return lowered_train, lowered_eval, mesh, run.model_config
 
 
 def unrolled(config):
