@@ -337,14 +337,14 @@ def compile_steps(config, devices, *, evaluate: bool = True):
 
     Returns (compiled train step, compiled eval step or None, mesh, model config).
     """
-    train, evaluation, mesh, model_config = lower_steps(config, devices, evaluate=evaluate)
+    train, evaluation, mesh, run = lower_steps(config, devices, evaluate=evaluate)
     compiled_eval = evaluation.compile() if evaluate else None
-    return train.compile(), compiled_eval, mesh, model_config
+    return train.compile(), compiled_eval, mesh, run.model_config
 
 
 def lower_steps(config, devices, *, evaluate: bool = True):
     """`compile_steps` before compiling: (lowered train step, lowered eval step or None,
-    mesh, model config)."""
+    mesh, the `train.setup` they came from: its abstract state, shardings, model config)."""
     import jax
 
     from bert_jax import checkpointing, pretraining_input, sharding, train, train_state
@@ -371,7 +371,7 @@ def lower_steps(config, devices, *, evaluate: bool = True):
     with sharding.activation_context(mesh, run.rules):
         lowered_train = run.train_step.lower(state, batch, rng)
         lowered_eval = run.eval_step.lower(state.params, batch) if evaluate else None
-    return lowered_train, lowered_eval, mesh, run.model_config
+    return lowered_train, lowered_eval, mesh, run
 
 
 def unrolled(config):

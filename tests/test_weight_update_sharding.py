@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from bert_jax import checkpointing, sharding, train
 from bert_jax.train_state import run_keys, sharded_state
+from experiments import aot_compile
 
 # --- where each leaf lives -----------------------------------------------------------------
 
@@ -233,19 +234,11 @@ def test_lamb_over_leaves_split_along_two_dimensions_equals_the_replicated_run()
 
 
 def _lowered_step(config):
-    """The train step of `config` lowered for 8 devices on abstract inputs; returns
-    (lowered, abstract state, its shardings)."""
-    mesh = sharding.create_mesh((8, 1, 1))
-    run = train.setup(config, mesh, config.model.vocab_size)
-    state = checkpointing.abstract_like(run.abstract_state, run.shardings)
-    shapes = jax.eval_shape(lambda: train.example_batch(8, synth.SEQ_LEN, synth.PREDICTIONS))
-    data = sharding.batch_sharding(mesh, run.rules)
-    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=data), shapes)
-    replicated = NamedSharding(mesh, P())
-    rng = jax.ShapeDtypeStruct((), run_keys(0)[1].dtype, sharding=replicated)
-    with sharding.activation_context(mesh, run.rules):
-        lowered = run.train_step.lower(state, batch, rng)
-    return lowered, state, run.shardings
+    """The train step of `config` lowered for 8 devices on abstract inputs, a batch of 8, as
+    the ahead-of-time check lowers it; returns (lowered, abstract state, its shardings)."""
+    config.global_batch_size = 8
+    lowered, _, _, run = aot_compile.lower_steps(config, jax.devices()[:8], evaluate=False)
+    return lowered, run.abstract_state, run.shardings
 
 
 def _compiled_step(shard: bool):
