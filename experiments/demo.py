@@ -123,6 +123,11 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_integer("max_finetune_steps", 500, "ner: fine-tuning steps at most.")
 flags.DEFINE_integer("finetune_batch_size", 16, "ner: fine-tuning batch size.")
+flags.DEFINE_string(
+    "scratch_cache_dir", "", "ner: where the scratch arm's fine-tuning runs are stored, by "
+    "the architecture, vocab and runs they start from, so demos of recipes with one "
+    "architecture share them (recipe_compare's arms); default: the workdir's own."
+)  # fmt: skip
 flags.DEFINE_integer("dev_sentences", 500, "ner: dev sentences that choose the stopping step.")
 flags.DEFINE_integer(
     "test_sentences", None, "ner: score only the first N test sentences (quick checks; the "
@@ -309,7 +314,13 @@ def finetune_ner(pretrain_dir: str, vocab: str, workdir: str) -> dict:
         """Every arm's runs at budget `n`, each arm with its recipe in `recipes`."""
         row = {"labels": n, "steps": main.steps(n), "optimizer": recipes[ARMS[0]].optimizer}
         for arm in ARMS:
-            cache = run_cache(os.path.join(workdir, "finetune", recipe_id(recipes[arm]), arm))
+            runs_dir = os.path.join(workdir, "finetune", recipe_id(recipes[arm]), arm)
+            if arm == "scratch" and FLAGS.scratch_cache_dir:
+                runs_dir = os.path.join(
+                    FLAGS.scratch_cache_dir, recipe_id(recipes[arm]),
+                    architecture_id(module.config, vocab, budgets, k),
+                )  # fmt: skip
+            cache = run_cache(runs_dir)
             lr, runs = lb.run_arm(runner.with_recipe(recipes[arm]), params[arm], subsets[n],
                                   seed=FLAGS.seed * k, cache=cache,
                                   progress=lambda: bar.update(1))  # fmt: skip
@@ -391,6 +402,15 @@ def recipe_id(r) -> str:
     decided_by = [dataclasses.asdict(r), FLAGS.dev_sentences, FLAGS.test_sentences, FLAGS.seed]
     key = json.dumps(decided_by, sort_keys=True)
     return f"{r.optimizer}_{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+def architecture_id(config, vocab: str, budgets: list[int], subsets: int) -> str:
+    """A short name of what decides a scratch run beside its recipe (`recipe_id`): the
+    model config, the vocab's text and the label subsets drawn."""
+    with open(vocab, "rb") as f:
+        vocab_hash = hashlib.sha256(f.read()).hexdigest()
+    key = json.dumps([dataclasses.asdict(config), vocab_hash, budgets, subsets], sort_keys=True)
+    return "scratch_" + hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
 def run_cache(directory: str):

@@ -21,7 +21,9 @@ so the arms are paired by subset. Stages, each resumable:
                 model FLOPs (`train.flops_per_step`)
   3. demo       per seed and arm, `experiments.demo` in <workdir>/<arm>_seed<S> (each also
                 fits the independent reference, benchmarks.ner_linear_reference's linear
-                tagger, on the same subsets)
+                tagger, on the same subsets); arms of one architecture (`bert`, `wsd`,
+                `mask30` and `electra`'s discriminator) share their scratch runs, which
+                they would repeat step for step, in <workdir>/scratch
   4. report     comparison.md / comparison.json / curves.png: per budget, every arm's test F1,
                 its gain over its own scratch and its difference from the reference arm
                 (paired 95% t-intervals over subsets), the linear tagger's F1; the held-out
@@ -176,7 +178,8 @@ def run_demo(workdir: str, corpus_dir: str, arm: str, seed: int, steps: int) -> 
         ]
         command = [
             sys.executable, "-m", "experiments.demo", f"--workdir={out}", f"--recipe={arm}",
-            f"--seed={seed}", f"--pretrain_steps={steps}", f"--corpus_dir={corpus_dir}", *passed,
+            f"--seed={seed}", f"--pretrain_steps={steps}", f"--corpus_dir={corpus_dir}",
+            f"--scratch_cache_dir={os.path.join(workdir, 'scratch')}", *passed,
         ]  # fmt: skip
         logging.info("[3/4 demo] %s", " ".join(command))
         if cli.run_child(command):

@@ -219,6 +219,26 @@ def test_equal_time_steps():
         recipe_compare.equal_time_steps(8000, {"bert": 0.2, "modern": 0.0}, "bert")
 
 
+def test_arms_of_one_architecture_share_their_scratch_runs(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n的\n", encoding="utf-8")
+
+    def scratch(arm, budgets=(100, 400), subsets=5):
+        config = train.model_config(demo_arms.get_config(arm), 6)  # an ELECTRA arm's: its
+        return demo.architecture_id(config, str(vocab), list(budgets), subsets)  # discriminator
+
+    # The learning rates, the masking rate and the objective do not change the fine-tuned model.
+    assert {scratch(a) for a in ("bert", "wsd", "mask30", "electra")} == {scratch("bert")}
+    assert scratch("electra_modern") == scratch("modern")
+    models = ("bert", "rotary", "alibi", "geglu", "pre_ln", "modern")
+    assert len({scratch(a) for a in models}) == len(models)
+    assert scratch("bert", budgets=(100,)) != scratch("bert")  # other label subsets
+    assert scratch("bert", subsets=4) != scratch("bert")
+    before = scratch("bert")
+    vocab.write_text(vocab.read_text(encoding="utf-8") + "一\n", encoding="utf-8")
+    assert scratch("bert") != before  # another vocab, other ids
+
+
 def test_seconds_per_step_weights_the_intervals_after_the_first():
     log = [
         {"split": "train", "step": 50, "steps_per_second": 1.0},  # compiles: left out
@@ -297,7 +317,7 @@ def test_a_tiny_comparison_end_to_end(tmp_path):
     workdir = tmp_path / "compare"
     command = [
         sys.executable, "-m", "experiments.recipe_compare", f"--workdir={workdir}",
-        "--arms=bert,modern", "--calibration_steps=10", "--pretrain_steps=12",
+        "--arms=bert,mask30", "--calibration_steps=10", "--pretrain_steps=12",
         "--pretrain_batch_size=8", "--label_budgets=16", "--subsets=2",
         "--min_finetune_steps=4", "--max_finetune_steps=4", "--finetune_batch_size=8",
         "--dev_sentences=40", "--test_sentences=100", "--finetune_learning_rates=1e-3",
@@ -305,20 +325,26 @@ def test_a_tiny_comparison_end_to_end(tmp_path):
     result = run_captured(command, timeout=2400, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     calibration = json.loads((workdir / "calibration.json").read_text())
-    assert set(calibration["arms"]) == {"bert", "modern"} and calibration["steps"] == 10
+    assert set(calibration["arms"]) == {"bert", "mask30"} and calibration["steps"] == 10
     summary = json.loads((workdir / "comparison.json").read_text())
     steps = {arm: info["steps"] for arm, info in summary["arms"].items()}
     assert steps == recipe_compare.equal_time_steps(
         12, {a: t["seconds_per_step"] for a, t in calibration["arms"].items()}, "bert"
     )
-    for arm in ("bert", "modern"):
+    for arm in ("bert", "mask30"):
         held = summary["arms"][arm]["held_out"]["0"]
         assert held[-1]["step"] == steps[arm]
         results = json.loads((workdir / f"{arm}_seed0" / "results.json").read_text())
         assert results["pretraining"]["recipe"] == arm
         assert len(summary["budgets"][0]["arms"][arm]["pretrained"]) == 2
     assert len(summary["budgets"][0]["linear"]) == 2
-    assert "| modern |" in result.stdout and "bert minus linear" in result.stdout
+    # mask30 fine-tunes BERT's architecture: its scratch runs are bert's, stored once.
+    cells = summary["budgets"][0]["arms"]
+    assert cells["mask30"]["scratch"] == cells["bert"]["scratch"]
+    (recipe_dir,) = (workdir / "scratch").iterdir()
+    assert len(list(recipe_dir.iterdir())) == 1  # one architecture
+    assert not list(workdir.glob("*_seed0/finetune/*/scratch"))
+    assert "| mask30 |" in result.stdout and "bert minus linear" in result.stdout
     again = run_captured(command, timeout=600, cwd=REPO)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[3/4 demo]" not in again.stderr  # every run read back
