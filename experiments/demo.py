@@ -305,6 +305,8 @@ def finetune_ner(pretrain_dir: str, vocab: str, workdir: str) -> dict:
     if k < 2:
         raise app.UsageError("--subsets must be at least 2 (the paired interval needs them)")
     subsets = lb.paired_subsets(runner.num_train, budgets, k, FLAGS.seed)
+    # Scratch runs shared with the demos of other recipes of this architecture, if asked.
+    shared_scratch = FLAGS.scratch_cache_dir and architecture_id(module.config, vocab, budgets, k)
     runs_per_arm = len(main.learning_rates) + k - 1
     total = sum(main.steps(n) * runs_per_arm for n in budgets)
     total += main.steps(budgets[0]) * k * FLAGS.compare_finetune_optimizers
@@ -314,12 +316,10 @@ def finetune_ner(pretrain_dir: str, vocab: str, workdir: str) -> dict:
         """Every arm's runs at budget `n`, each arm with its recipe in `recipes`."""
         row = {"labels": n, "steps": main.steps(n), "optimizer": recipes[ARMS[0]].optimizer}
         for arm in ARMS:
-            runs_dir = os.path.join(workdir, "finetune", recipe_id(recipes[arm]), arm)
-            if arm == "scratch" and FLAGS.scratch_cache_dir:
-                runs_dir = os.path.join(
-                    FLAGS.scratch_cache_dir, recipe_id(recipes[arm]),
-                    architecture_id(module.config, vocab, budgets, k),
-                )  # fmt: skip
+            rid = recipe_id(recipes[arm])
+            runs_dir = os.path.join(workdir, "finetune", rid, arm)
+            if arm == "scratch" and shared_scratch:
+                runs_dir = os.path.join(FLAGS.scratch_cache_dir, rid, shared_scratch)
             cache = run_cache(runs_dir)
             lr, runs = lb.run_arm(runner.with_recipe(recipes[arm]), params[arm], subsets[n],
                                   seed=FLAGS.seed * k, cache=cache,
