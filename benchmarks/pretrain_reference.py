@@ -131,6 +131,11 @@ def make_optimizer(
             f"--config.optimizer.name={config.name!r}: only 'adamw' and 'adamw_bias_corrected' "
             "are mirrored (both by torch.optim.AdamW, which corrects the bias)"
         )
+    if config.get("schedule", "linear") != "linear":
+        raise ValueError(
+            f"--config.optimizer.schedule={config.schedule!r}: only 'linear' (the original's "
+            "warmup and polynomial decay) is mirrored"
+        )
     decay, no_decay = [], []
     for name, param in model.named_parameters():  # tied tensors are listed once
         (no_decay if "LayerNorm" in name or name.endswith("bias") else decay).append(param)
@@ -263,7 +268,8 @@ def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = Fa
         raise ValueError("resume_from / init_from: the reference always starts from scratch")
     if objective(config) not in ("mlm_nsp", "mlm"):
         raise ValueError(
-            f"--config.objective={objective(config)!r}: only 'mlm_nsp' and 'mlm' are mirrored"
+            f"--config.objective={objective(config)!r}: only 'mlm_nsp' and 'mlm' are mirrored "
+            "(ELECTRA's: benchmarks.electra_reference)"
         )
     next_sentence = objective(config) == "mlm_nsp"
     data = config.data
