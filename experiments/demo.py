@@ -20,7 +20,9 @@ and every fine-tuning run is stored when it ends, so an interrupted demo continu
                rotary positions, GeGLU, pre-LN without biases, 30% masking, peak 2e-3
                warmup-stable-decay, 6,550 steps (BERT's wall time); --recipe=bert: BERT's
                own (8,000 steps); docs/recipes.md. Meanwhile the linear tagger
-               (benchmarks.ner_linear_reference) fits on the same subsets in the background
+               (benchmarks.ner_linear_reference) fits on the same subsets in the background.
+               --pretrained_dir skips stages 3-4 and fine-tunes a model pretrained elsewhere
+               (e.g. benchmarks/electra_reference.py's export) with the corpus's vocab
   5. finetune  People's Daily NER (character BIO tags, entity F1), in this process
                (experiments.label_budgets): for every label budget, --subsets label
                subsets drawn with --seed; each subset fine-tunes the pretrained model and the
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import filecmp
 import hashlib
 import json
 import math
@@ -98,6 +101,13 @@ flags.DEFINE_enum(
     "makes the first updates of a run this short several times too large (see the README).",
 )
 flags.DEFINE_integer("max_seq_length", None, "Pretraining sequence length (pieces).")
+flags.DEFINE_string(
+    "pretrained_dir",
+    None,
+    "Fine-tune this pretrained model instead of pretraining one: a "
+    "directory with the corpus's vocab.txt and a metrics.jsonl (benchmarks/*_reference.py's "
+    "exports); --recipe names its objective.",
+)
 flags.DEFINE_integer("dupe_factor", 2, "polarity: masked copies of the corpus in the records.")
 flags.DEFINE_integer("vocab_size", 8000, "Vocabulary size at most (special tokens included).")
 flags.DEFINE_list(
@@ -180,13 +190,13 @@ NER_MAX_SEQ_LENGTH = 128
 PRETRAINING_FLAGS = (
     "task", "recipe", "corpora", "seed", "pretrain_steps", "pretrain_batch_size",
     "pretrain_learning_rate", "pretrain_optimizer", "max_seq_length", "dupe_factor",
-    "vocab_size",
+    "vocab_size", "pretrained_dir",
 )  # fmt: skip
 
 # The flags the report reads (demo_report.report).
 REPORT_FLAGS = (
     "task", "recipe", "seed", "test_sentences", "corpora", "pretrain_steps", "pretrain_batch_size",
-    "pretrain_learning_rate", "pretrain_optimizer", "max_seq_length",
+    "pretrain_learning_rate", "pretrain_optimizer", "max_seq_length", "pretrained_dir",
 )  # fmt: skip
 
 
@@ -235,6 +245,14 @@ def pretrain(records_dir: str, vocab: str, workdir: str, *, timing: bool = False
         f"--config.checkpoint_every={max(checkpoint_every, 1)}",
     ])  # fmt: skip
     return out
+
+
+def pretrained_model(vocab: str) -> str:
+    """--pretrained_dir as an absolute path, refused unless its vocab.txt is `vocab`."""
+    theirs = os.path.join(FLAGS.pretrained_dir, "vocab.txt")
+    if not (os.path.exists(theirs) and filecmp.cmp(theirs, vocab, shallow=False)):
+        raise app.UsageError(f"--pretrained_dir: {theirs} is not the corpus's vocab {vocab}")
+    return os.path.abspath(FLAGS.pretrained_dir)
 
 
 def label_budgets(num_train: int) -> list[int]:
@@ -541,16 +559,19 @@ def main(argv):
     wall_time_s = {}
     stage_start = time.time()
     vocab = recipe.prepare_corpus(corpora, corpus_dir, FLAGS.vocab_size)
-    recipe.make_records(
-        corpus_dir, vocab, os.path.join(workdir, "records"),
-        max_seq_length=setting("max_seq_length"), dupe_factor=1 if ner else FLAGS.dupe_factor,
-        seed=FLAGS.seed, next_sentence=not ner, masking="dynamic" if ner else "static",
-    )  # fmt: skip
+    # A model pretrained elsewhere is fine-tuned as it is: no records, no pretraining.
+    pretrain_dir = pretrained_model(vocab) if FLAGS.pretrained_dir else None
+    if pretrain_dir is None:
+        recipe.make_records(
+            corpus_dir, vocab, os.path.join(workdir, "records"),
+            max_seq_length=setting("max_seq_length"), dupe_factor=1 if ner else FLAGS.dupe_factor,
+            seed=FLAGS.seed, next_sentence=not ner, masking="dynamic" if ner else "static",
+        )  # fmt: skip
     wall_time_s["data"] = time.time() - stage_start
     stage_start = time.time()
     # The linear tagger fits while the model pretrains.
     with LinearReference(workdir) if ner else contextlib.nullcontext() as linear:
-        pretrain_dir = pretrain(os.path.join(workdir, "records"), vocab, workdir)
+        pretrain_dir = pretrain_dir or pretrain(os.path.join(workdir, "records"), vocab, workdir)
         wall_time_s["pretrain"] = time.time() - stage_start
         stage_start = time.time()
         finetune = finetune_ner if ner else finetune_polarity
@@ -560,7 +581,7 @@ def main(argv):
     wall_time_s["finetune"] = time.time() - stage_start
     logging.set_verbosity(logging.ERROR)  # Orbax narrates the restore
     # ELECTRA's encoder (the discriminator) has no MLM head to fill masks with.
-    fills = ner and demo_arms.ARMS[FLAGS.recipe].objective == "mlm"
+    fills = ner and demo_arms.ARMS[FLAGS.recipe].objective == "mlm" and not FLAGS.pretrained_dir
     extra = {"fill_mask": demo_report.fill_mask_examples(pretrain_dir, vocab)} if fills else {}
     logging.set_verbosity(logging.INFO)
     wall_time_s["total"] = time.time() - start

@@ -108,7 +108,9 @@ def report(
     text = "\n".join(rows) + (
         f"\n\n{what}, mean ± std over {runs} {'label subsets' if ner else 'fine-tuning seeds'}"
         " per budget, shared by both arms; the gain is the mean paired difference with its 95%"
-        f" t-interval. Pretraining ({flags['recipe']} recipe) on {'+'.join(flags['corpora'])} "
+        f" t-interval. Pretraining ({flags['recipe']} recipe"
+        + (f", `{flags['pretrained_dir']}`" if flags.get("pretrained_dir") else "")
+        + f") on {'+'.join(flags['corpora'])} "
         f"(seed {flags['seed']}, "
         f"{final['step']} steps): {heldout}.\n"
     )
@@ -149,6 +151,7 @@ def report(
         **{k: v for k, v in finetuning.items() if k != "budgets"},
         "pretraining": {
             "recipe": flags["recipe"],
+            "pretrained_dir": flags.get("pretrained_dir"),
             "corpora": flags["corpora"],
             "steps": flags["pretrain_steps"],
             "batch_size": flags["pretrain_batch_size"],

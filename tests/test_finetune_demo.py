@@ -151,7 +151,8 @@ def test_small_polarity_budgets_train_at_least_the_minimum_steps(parse_demo_flag
 def test_an_electra_recipes_report_names_its_generator_and_discriminator(
     tmp_path, parse_demo_flags
 ):
-    parse_demo_flags("--recipe=electra")
+    # A model pretrained elsewhere (benchmarks/electra_reference.py's export) is named.
+    parse_demo_flags("--recipe=electra", f"--pretrained_dir={tmp_path / 'pretrain'}")
     (tmp_path / "pretrain").mkdir()
     held_out = {"step": 100, "split": "eval", "loss": 12.0, "mlm_accuracy": 0.25,
                 "disc_accuracy": 0.9}  # fmt: skip
@@ -163,6 +164,23 @@ def test_an_electra_recipes_report_names_its_generator_and_discriminator(
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["pretraining"]["objective"] == "electra"
     assert summary["pretraining"]["held_out"][-1]["disc_accuracy"] == 0.9
+    assert summary["pretraining"]["pretrained_dir"] == str(tmp_path / "pretrain")
+    assert f"Pretraining (electra recipe, `{tmp_path / 'pretrain'}`)" in text
+
+
+def test_a_model_pretrained_elsewhere_must_have_the_corpus_vocab(tmp_path, parse_demo_flags):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n的\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    parse_demo_flags(f"--pretrained_dir={model}")
+    with pytest.raises(demo.app.UsageError, match="model/vocab.txt is not the corpus's vocab"):
+        demo.pretrained_model(str(vocab))  # none there
+    (model / "vocab.txt").write_text(vocab.read_text().replace("的", "是"))
+    with pytest.raises(demo.app.UsageError, match="model/vocab.txt is not the corpus's vocab"):
+        demo.pretrained_model(str(vocab))
+    (model / "vocab.txt").write_text(vocab.read_text())
+    assert demo.pretrained_model(str(vocab)) == str(model)
 
 
 def test_cli_help():
