@@ -40,11 +40,9 @@ def _ours_and_theirs(batch):
     """Our model with perturbed weights, and transformers' pair holding the same weights."""
     model = electra.ElectraForPreTraining(DISC, GEN)
     inputs = electra.model_inputs(batch, jax.random.key(1))
-    params = nn.meta.unbox(model.init(jax.random.key(0), *inputs))["params"]
-    leaves, tree = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(jax.random.key(2), len(leaves))
-    noisy = [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
-    params = jax.tree_util.tree_unflatten(tree, noisy)
+    params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), *inputs))["params"]
+    rng = np.random.default_rng(2)  # numpy's: one compile per leaf shape would take seconds
+    params = jax.tree.map(lambda x: x + 0.05 * rng.normal(size=x.shape).astype(np.float32), params)
     pair = reference.build_models(DISC, GEN)
     disc_state, gen_state = to_hf_electra_state_dicts(DISC, GEN, params)
     pair.discriminator.load_state_dict({k: torch.tensor(v) for k, v in disc_state.items()})
@@ -56,7 +54,7 @@ def _ours_and_theirs(batch):
 def test_loss_and_every_metric_equal_ours_on_the_same_samples():
     batch = _batch()
     model, params, pair = _ours_and_theirs(batch)
-    out = model.apply({"params": params}, *electra.model_inputs(batch, jax.random.key(3)))
+    out = jax.jit(model.apply)({"params": params}, *electra.model_inputs(batch, jax.random.key(3)))
     loss, ours = electra.electra_loss(out, batch)
     sampled = torch.tensor(np.asarray(out.sampled_ids), dtype=torch.int64)
     with torch.no_grad():
