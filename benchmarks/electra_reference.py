@@ -41,29 +41,30 @@ transformers' Electra has no rotary positions, GeGLU or pre-LN.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
-from ml_collections import config_flags
-from tqdm import tqdm
+from absl import logging
 
-from benchmarks.pretrain_reference import batches, make_optimizer, to_torch
+from benchmarks.pretrain_reference import (
+    batches,
+    command_line,
+    make_optimizer,
+    move_into_place,
+    to_torch,
+    train_and_log,
+    update,
+    write_tokenizer_files,
+)
 from bert_jax.config import BertConfig, objective
-from data_pipelines import cli
 
 if TYPE_CHECKING:
     import torch
     import transformers
-
-FLAGS = flags.FLAGS
 
 # A sampler: (B, P, V) logits -> (B, P) sampled ids; `torch_sampler` draws from the softmax.
 Sampler = Callable[["torch.Tensor"], "torch.Tensor"]
@@ -298,68 +299,26 @@ def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = Fa
         logging.info("eval at step %d: %s", step, result)
         return {f"eval_{k}": v for k, v in result.items()}
 
-    stop = config.get("stop_at_step") or config.num_train_steps
-    last = eval_and_log(0)
-    pending: list[dict[str, torch.Tensor]] = []
-    timer = (time.perf_counter(), 0)
-    progress = tqdm(total=stop, desc="reference electra")
-    for step in range(1, stop + 1):
-        loss, step_metrics = electra_loss(
-            models, to_torch(next(train_data), device), sample, disc_weight
-        )
+    def train_step(step: int) -> tuple[dict[str, torch.Tensor], float]:
+        batch = to_torch(next(train_data), device)
+        loss, step_metrics = electra_loss(models, batch, sample, disc_weight)
         loss.backward()
-        learning_rate = scheduler.get_last_lr()[0]  # the rate of this update
-        step_metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(modules.parameters(), max_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        pending.append(step_metrics)
-        progress.update(1)
-        if step % config.log_every == 0 or step == stop:
-            losses = torch.stack([m["loss"] for m in pending]).cpu()
-            if not torch.isfinite(losses).all():
-                bad = step - len(pending) + 1 + int((~torch.isfinite(losses)).nonzero()[0])
-                raise FloatingPointError(f"non-finite loss at step {bad}; see {work_dir}")
-            elapsed, steps = time.perf_counter() - timer[0], step - timer[1]
-            averaged = {
-                k: float(torch.stack([m[k].cpu() for m in pending]).mean()) for k in pending[0]
-            }
-            averaged["learning_rate"] = learning_rate
-            averaged["steps_per_second"] = steps / elapsed
-            writer.write(step, averaged)
-            last |= averaged
-            progress.set_postfix(
-                loss=f"{averaged['loss']:.3f}", recall=f"{averaged['disc_recall']:.3f}"
-            )
-            pending, timer = [], (time.perf_counter(), step)
-        if (config.eval_every and step % config.eval_every == 0) or step == stop:
-            last |= eval_and_log(step)
-    progress.close()
+        step_metrics["grad_norm"], learning_rate = update(optimizer, scheduler, modules, max_norm)
+        return step_metrics, learning_rate
+
+    last = train_and_log(
+        config, train_step, eval_and_log, writer, work_dir, "reference electra",
+        shown=("loss", "disc_recall"),
+    )  # fmt: skip
     writer.close()
 
     bert = export_encoder(models, disc_cfg, work_dir)
-    shutil.copyfile(data.vocab_file, os.path.join(work_dir, "vocab.txt"))
-    with open(os.path.join(work_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"do_lower_case": data.do_lower_case, "tokenizer_class": "BertTokenizer"}, f)
+    write_tokenizer_files(work_dir, data)
     check_batch = next(batches(config, data.eval_files or data.train_files, 0, mask_config))
     check_import(work_dir, bert, check_batch)
-    if os.path.exists(output_dir):
-        shutil.rmtree(output_dir)
-    os.rename(work_dir, output_dir)
-    logging.info("wrote %s", output_dir)
+    move_into_place(work_dir, output_dir)
     return last
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    final = run(FLAGS.config, FLAGS.output_dir, FLAGS.overwrite)
-    logging.info("final metrics: %s", final)
-
-
 if __name__ == "__main__":
-    config_flags.DEFINE_config_file("config", None, "Pretraining config file.", lock_config=True)
-    flags.DEFINE_string("output_dir", None, "Directory to write (metrics.jsonl, the encoder).")
-    flags.DEFINE_bool("overwrite", False, "Replace an existing --output_dir at the end.")
-    flags.mark_flags_as_required(["config", "output_dir"])
-    cli.run(main)
+    command_line(run, "Directory to write (metrics.jsonl, the encoder).")

@@ -56,7 +56,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import ml_collections
@@ -303,33 +303,73 @@ def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = Fa
         logging.info("eval at step %d: %s", step, result)
         return {f"eval_{k}": v for k, v in result.items()}
 
-    stop = config.get("stop_at_step") or config.num_train_steps
-    last = eval_and_log(0)  # at step 0 the loss is ~ln(vocab) + ln(2)
-    pending: list[dict[str, torch.Tensor]] = []
-    timer = (time.perf_counter(), 0)
-    progress = tqdm(total=stop, desc="reference pretrain")
     learning_rate = scheduler.get_last_lr()[0]
-    for step in range(1, stop + 1):
+
+    def train_step(step: int) -> tuple[dict[str, torch.Tensor], float]:
+        nonlocal learning_rate
         batch = to_torch(next(train_data), device)
         loss, step_metrics = pretraining_loss(model, batch, next_sentence)
         (loss / accum).backward()  # optax.MultiSteps averages the micro-batch gradients
         if step % accum == 0:
-            learning_rate = scheduler.get_last_lr()[0]  # the rate of this update
-            step_metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            step_metrics["grad_norm"], learning_rate = update(optimizer, scheduler, model, max_norm)
+        return step_metrics, learning_rate
+
+    # At step 0 the loss is ~ln(vocab) + ln(2).
+    last = train_and_log(
+        config, train_step, eval_and_log, writer, work_dir, "reference pretrain",
+        shown=("loss", "mlm_accuracy"),
+    )  # fmt: skip
+    writer.close()
+
+    model.save_pretrained(work_dir)  # config.json + model.safetensors
+    write_tokenizer_files(work_dir, data)
+    check_batch = next(batches(config, data.eval_files or data.train_files, 0, mask_config))
+    imported = check_import(work_dir, model, check_batch)
+    torch_count = sum(p.numel() for p in model.parameters())  # tied tensors counted once
+    logging.info("parameters: %d in torch, %d imported by bert_jax", torch_count, imported)
+    move_into_place(work_dir, output_dir)
+    return last
+
+
+# --- what the references share: the loop, the export's tokenizer files, the command line ------
+
+
+def train_and_log(
+    config: ml_collections.ConfigDict,
+    train_step: Callable[[int], tuple[dict[str, torch.Tensor], float]],
+    eval_and_log: Callable[[int], dict[str, float]],
+    writer,
+    work_dir: str,
+    desc: str,
+    shown: tuple[str, ...] = ("loss",),
+) -> dict[str, float]:
+    """Steps 1 .. `stop_at_step` (or `num_train_steps`) of `train_step(step)`, which trains one
+    step and returns its metrics (tensors) and the learning rate of the latest update.
+
+    As our loop: metrics averaged over each `log_every` window (a key only some steps have,
+    such as grad_norm under gradient accumulation, over those), the latest rate, the speed;
+    `eval_and_log(step)` at step 0, every `eval_every` and at the end; the bar shows the
+    metrics `shown`. Returns the last logged
+    and held-out metrics. Raises FloatingPointError naming the first non-finite step (one
+    device sync per window, before anything is saved).
+    """
+    import torch
+
+    stop = config.get("stop_at_step") or config.num_train_steps
+    last = eval_and_log(0)
+    pending: list[dict[str, torch.Tensor]] = []
+    timer = (time.perf_counter(), 0)
+    progress = tqdm(total=stop, desc=desc)
+    for step in range(1, stop + 1):
+        step_metrics, learning_rate = train_step(step)
         pending.append(step_metrics)
         progress.update(1)
         if step % config.log_every == 0 or step == stop:
-            # One device sync per window; a bad step is named before anything is saved.
             losses = torch.stack([m["loss"] for m in pending]).cpu()
             if not torch.isfinite(losses).all():
                 bad = step - len(pending) + 1 + int((~torch.isfinite(losses)).nonzero()[0])
                 raise FloatingPointError(f"non-finite loss at step {bad}; see {work_dir}")
             elapsed, steps = time.perf_counter() - timer[0], step - timer[1]
-            # Averaged over the window, as ours; grad_norm exists only on update steps (every
-            # grad_accum_steps-th), and the rate is the latest one.
             keys = dict.fromkeys(k for m in pending for k in m)
             averaged = {
                 k: float(torch.stack([m[k].cpu() for m in pending if k in m]).mean()) for k in keys
@@ -339,40 +379,57 @@ def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = Fa
             averaged["sequences_per_second"] = steps * config.global_batch_size / elapsed
             writer.write(step, averaged)
             last |= averaged
-            progress.set_postfix(
-                loss=f"{averaged['loss']:.3f}", mlm_acc=f"{averaged['mlm_accuracy']:.3f}"
-            )
+            progress.set_postfix({k: f"{averaged[k]:.3f}" for k in shown})
             pending, timer = [], (time.perf_counter(), step)
         if (config.eval_every and step % config.eval_every == 0) or step == stop:
             last |= eval_and_log(step)
     progress.close()
-    writer.close()
+    return last
 
-    model.save_pretrained(work_dir)  # config.json + model.safetensors
+
+def update(optimizer, scheduler, model: torch.nn.Module, max_norm: float):
+    """One update: clips the global norm, steps the optimizer and its schedule, zeroes the
+    gradients. Returns the gradient norm before clipping and the update's learning rate."""
+    import torch
+
+    learning_rate = scheduler.get_last_lr()[0]
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, learning_rate
+
+
+def write_tokenizer_files(work_dir: str, data: ml_collections.ConfigDict) -> None:
+    """vocab.txt and tokenizer_config.json beside an export, as `bert_jax.convert` reads them."""
     shutil.copyfile(data.vocab_file, os.path.join(work_dir, "vocab.txt"))
     with open(os.path.join(work_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({"do_lower_case": data.do_lower_case, "tokenizer_class": "BertTokenizer"}, f)
-    check_batch = next(batches(config, data.eval_files or data.train_files, 0, mask_config))
-    imported = check_import(work_dir, model, check_batch)
-    torch_count = sum(p.numel() for p in model.parameters())  # tied tensors counted once
-    logging.info("parameters: %d in torch, %d imported by bert_jax", torch_count, imported)
+
+
+def move_into_place(work_dir: str, output_dir: str) -> None:
+    """Renames the checked export to `output_dir`, replacing what is there."""
     if os.path.exists(output_dir):
         shutil.rmtree(output_dir)
     os.rename(work_dir, output_dir)
     logging.info("wrote %s", output_dir)
-    return last
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    final = run(FLAGS.config, FLAGS.output_dir, FLAGS.overwrite)
-    logging.info("final metrics: %s", final)
+def command_line(run_fn: Callable[..., dict], output_help: str) -> None:
+    """A reference's command line: --config (and overrides), --output_dir, --overwrite."""
 
+    def main(argv):
+        if len(argv) > 1:
+            raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        final = run_fn(FLAGS.config, FLAGS.output_dir, FLAGS.overwrite)
+        logging.info("final metrics: %s", final)
 
-if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "Pretraining config file.", lock_config=True)
-    flags.DEFINE_string("output_dir", None, "Hugging Face directory to write (and metrics.jsonl).")
+    flags.DEFINE_string("output_dir", None, output_help)
     flags.DEFINE_bool("overwrite", False, "Replace an existing --output_dir at the end.")
     flags.mark_flags_as_required(["config", "output_dir"])
     cli.run(main)
+
+
+if __name__ == "__main__":
+    command_line(run, "Hugging Face directory to write (and metrics.jsonl).")
