@@ -61,6 +61,7 @@ from benchmarks.pretrain_reference import (
     write_tokenizer_files,
 )
 from bert_jax.config import BertConfig, objective
+from data_pipelines import cli
 
 if TYPE_CHECKING:
     import torch
@@ -321,4 +322,4 @@ def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = Fa
 
 
 if __name__ == "__main__":
-    command_line(run, "Directory to write (metrics.jsonl, the encoder).")
+    cli.run(command_line(run, "Directory to write (metrics.jsonl, the encoder)."))

@@ -415,8 +415,9 @@ def move_into_place(work_dir: str, output_dir: str) -> None:
     logging.info("wrote %s", output_dir)
 
 
-def command_line(run_fn: Callable[..., dict], output_help: str) -> None:
-    """A reference's command line: --config (and overrides), --output_dir, --overwrite."""
+def command_line(run_fn: Callable[..., dict], output_help: str) -> Callable[[list[str]], None]:
+    """A reference's flags (--config and its overrides, --output_dir, --overwrite) and the
+    main that calls `run_fn(config, output_dir, overwrite)` with them, for `cli.run`."""
 
     def main(argv):
         if len(argv) > 1:
@@ -428,8 +429,8 @@ def command_line(run_fn: Callable[..., dict], output_help: str) -> None:
     flags.DEFINE_string("output_dir", None, output_help)
     flags.DEFINE_bool("overwrite", False, "Replace an existing --output_dir at the end.")
     flags.mark_flags_as_required(["config", "output_dir"])
-    cli.run(main)
+    return main
 
 
 if __name__ == "__main__":
-    command_line(run, "Hugging Face directory to write (and metrics.jsonl).")
+    cli.run(command_line(run, "Hugging Face directory to write (and metrics.jsonl)."))
