@@ -244,8 +244,8 @@ def op_costs(hlo_text: str) -> list[OpCost]:
             continue
         result = inst.shape
         if inst.opcode in ("copy-start", "slice-start"):
-            # (source alias, destination, context): what moves is the destination, read from
-            # one memory and written to another.
+            # A copy's (destination, source, context), a slice's ((operand), slice, context):
+            # what moves is element 1's bytes, read from one memory and written to another.
             elements = _ARRAY.findall(result)
             moved = array_bytes("{}[{}]{{{}}}".format(*elements[1])) if len(elements) > 1 else 0
             nbytes = 2 * moved
