@@ -37,6 +37,11 @@ and layout, each choice marked with its source:
   token by the TPU compiler's estimate (docs/tpu_modernbert_recipe.md: two fit but cost 19%
   more per token, three do not fit): fewer tokens per step, more steps.
 
+The layout is `modernbert_base_tpu.py`'s (64-way data parallel, the weight update sharded),
+one step per update: nothing recomputed at 18 sequences per chip (`warmup1`), every layer
+above, phase 2 its `minimal` remat. By the TPU compiler's estimate the whole recipe takes
+10.7 days on the v4-128 (docs/tpu_modernbert_recipe.md has each stage's figures).
+
 Step counts are the paper's token counts at our batches. The run, stage by stage:
 
   make tpu-create ZONE=us-central2-b ACCELERATOR_TYPE=v4-128 TPU_NAME=modernbert
