@@ -32,6 +32,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bert_jax import config_bounds
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 from data_pipelines.tasks.classification_features import encode_sentences
@@ -348,6 +349,12 @@ def write_report(path: str, results: dict, dev: str, split: str) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax
+
+    # Every key in its range, the batches over the devices: one line, before any data is read.
+    config_bounds.check_or_exit(
+        flags.FLAGS.config, "finetune", "distill_classification", devices=jax.device_count()
+    )
     distill_classifier(flags.FLAGS.config, flags.FLAGS.workdir)
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bert_jax import config_bounds
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 from experiments import finetune_tagging as ftt
@@ -186,6 +187,12 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax
+
+    # Every key in its range, the batches over the devices: one line, before any data is read.
+    config_bounds.check_or_exit(
+        flags.FLAGS.config, "finetune", "feature_based_tagging", devices=jax.device_count()
+    )
     finetune(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
