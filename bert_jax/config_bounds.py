@@ -11,7 +11,8 @@ it means something; `check` refuses a value outside it, then the rules between k
 `BertConfig` itself, whose `__post_init__` owns those rules.
 
 A key gets its range with one entry in its table, e.g.
-`"data.shuffle_buffer": Int("records per shuffled window", 1),`;
+`"data.shuffle_buffer": Int("records per shuffled window", 1),` (`Bound` and its
+constructors: `bert_jax.config_ranges`);
 tests/test_config_bounds.py fails for any key of a config file that has none.
 docs/config_bounds.md is `markdown()` of these tables.
 
@@ -20,7 +21,6 @@ No JAX here: the entry points check before they import it.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -38,6 +38,18 @@ from bert_jax.config import (
     BertConfig,
     ConfigError,
 )
+from bert_jax.config_ranges import (
+    SEED_MAX,
+    Bound,
+    Enum,
+    Flag,
+    Float,
+    Int,
+    ListOf,
+    Model,
+    Prob,
+    Text,
+)
 from bert_jax.mesh_shape import MESH_AXES, resolve_mesh_shape
 
 # Choices written here because their modules import JAX; tests/test_config_bounds.py checks
@@ -49,151 +61,6 @@ SCHEDULES = ("linear", "wsd")
 STATE_DTYPES = ("float32", "bfloat16")  # optimizer.mu_dtype, grad_reduce_dtype
 # The rule of the batch axis where `sharding_rules` gives none (bert_jax.sharding.DEFAULT_RULES).
 DEFAULT_BATCH_AXES = ("data", "fsdp")
-SEED_MAX = 2**63 - 1  # numpy's and JAX's seeds are 64-bit
-
-
-@dataclasses.dataclass(frozen=True)
-class Bound:
-    """What one key may hold. `kind`: "int", "float", "bool", "text", "enum", "mesh",
-    "rules", "list" (of `item`s, or of `words`) or "model" (BertConfig checks it; `text`
-    says how). `none`/`zero`: what None / 0 means ("": None is refused, 0 means nothing
-    special)."""
-
-    meaning: str
-    kind: str
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False  # low itself refused
-    open_high: bool = False
-    choices: tuple = ()
-    none: str = ""
-    zero: str = ""
-    text: str = ""
-    item: Bound | None = None
-    words: tuple[str, ...] = ()
-
-    def allows(self, value: Any) -> bool | None:
-        """Whether `value` is in range; None for a "model" key (BertConfig decides)."""
-        if value is None:
-            return bool(self.none) or self.kind in ("rules", "model")
-        if self.kind == "model":
-            return None
-        if self.kind == "bool":
-            return isinstance(value, bool)
-        if self.kind == "text":
-            return isinstance(value, str)
-        if self.kind == "enum":
-            return value in self.choices
-        if self.kind == "mesh":
-            return _mesh_ok(value)
-        if self.kind == "rules":
-            return isinstance(value, list | tuple) and all(len(pair) == 2 for pair in value)
-        if self.kind == "list":
-            return isinstance(value, list | tuple) and all(self._item_ok(v) for v in value)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return False
-        if self.kind == "int" and not isinstance(value, int):
-            return False
-        if not math.isfinite(value):
-            return False
-        if self.low is not None and (value < self.low or (self.open_low and value == self.low)):
-            return False
-        return self.high is None or (
-            value < self.high or (not self.open_high and value == self.high)
-        )
-
-    def _item_ok(self, value: Any) -> bool:
-        if value in self.words:
-            return True
-        if self.item.kind == "text":
-            return isinstance(value, str)
-        try:  # a flag's list holds strings
-            number = int(value) if self.item.kind == "int" else float(value)
-        except (TypeError, ValueError):
-            return False
-        return bool(self.item.allows(number))
-
-    def describe(self) -> str:
-        """The range in words: 'an int >= 1', 'a float in (0, 1]', 'one of (...)'."""
-        text = self._describe()
-        return f"None or {text}" if self.none else text
-
-    def _describe(self) -> str:
-        if self.kind == "model":
-            return self.text
-        if self.kind == "bool":
-            return "True or False"
-        if self.kind == "text":
-            return "a string"
-        if self.kind == "enum":
-            return f"one of {self.choices}"
-        if self.kind == "mesh":
-            return f"{len(MESH_AXES)} ints {MESH_AXES}, each >= 1 or one -1 (the rest)"
-        if self.kind == "rules":
-            return "None or a list of (logical axis, mesh axes) pairs"
-        if self.kind == "list":
-            words = "".join(f"{w!r} or " for w in self.words)
-            return f"a comma-separated list, each {words}{self.item.describe()}"
-        kind = "an int" if self.kind == "int" else "a number"
-        low, high = self.low, self.high
-        if low is None and high is None:
-            return f"{kind} (any)"
-        if high is None:
-            return f"{kind} {'>' if self.open_low else '>='} {_fmt(low)}"
-        if low is None:
-            return f"{kind} {'<' if self.open_high else '<='} {_fmt(high)}"
-        left, right = "(" if self.open_low else "[", ")" if self.open_high else "]"
-        return f"{kind} in {left}{_fmt(low)}, {_fmt(high)}{right}"
-
-
-def _fmt(number: float) -> str:
-    return "2**63 - 1" if number == SEED_MAX else f"{number:g}"
-
-
-def _mesh_ok(value: Any) -> bool:
-    if not isinstance(value, list | tuple) or len(value) != len(MESH_AXES):
-        return False
-    ints = all(isinstance(s, int) and not isinstance(s, bool) for s in value)
-    return ints and all(s >= 1 or s == -1 for s in value) and list(value).count(-1) <= 1
-
-
-# --- constructors: one entry, one line -------------------------------------------------------
-
-
-def Int(meaning, low=None, high=None, *, none="", zero="") -> Bound:  # noqa: N802
-    return Bound(meaning, "int", low, high, none=none, zero=zero)
-
-
-def Float(  # noqa: N802
-    meaning, low=None, high=None, *, open_low=False, open_high=False, none="", zero=""
-) -> Bound:
-    return Bound(meaning, "float", low, high, open_low, open_high, none=none, zero=zero)
-
-
-def Prob(meaning, *, open_low=False, open_high=False, none="", zero="") -> Bound:  # noqa: N802
-    """A float in [0, 1], its ends open as said."""
-    return Float(meaning, 0, 1, open_low=open_low, open_high=open_high, none=none, zero=zero)
-
-
-def Enum(meaning, choices, *, none="") -> Bound:  # noqa: N802
-    return Bound(meaning, "enum", choices=tuple(choices), none=none)
-
-
-def Flag(meaning) -> Bound:  # noqa: N802
-    return Bound(meaning, "bool")
-
-
-def Text(meaning, *, none="") -> Bound:  # noqa: N802
-    return Bound(meaning, "text", none=none)
-
-
-def Model(meaning, text, *, none="the preset's", zero="") -> Bound:  # noqa: N802
-    """A `model.*` key: BertConfig checks it (`text` says its rule, for the docs)."""
-    return Bound(meaning, "model", none=none, zero=zero, text=text)
-
-
-def ListOf(meaning, item: Bound, words=()) -> Bound:  # noqa: N802
-    return Bound(meaning, "list", item=item, words=tuple(words))
 
 
 def _choices(names) -> str:
@@ -201,6 +68,8 @@ def _choices(names) -> str:
 
 
 _POSITIVE_INT = "an int >= 1"
+_PROB = "a float in [0, 1)"
+_FINAL_ONLY = "no periodic checkpoint; the final one is still written"
 _SHARED = {
     "seed": Int("fixes init, data order, masks and dropout", 0, SEED_MAX),
     "prng_impl": Enum("the PRNG of the dropout masks", PRNG_IMPLS),
@@ -222,14 +91,10 @@ PRETRAIN: dict[str, Bound] = {
     "model.scan_layers": Flag("nn.scan over the layers"),
     "model.remat_policy": Model("rematerialisation", _choices(REMAT_POLICIES), none=""),
     "model.attention_implementation": Model(
-        "how attention is computed", _choices(ATTENTION_IMPLEMENTATIONS), none=""
+        "attention", _choices(ATTENTION_IMPLEMENTATIONS), none=""
     ),
-    "model.hidden_dropout_prob": Model(
-        "dropout on embeddings, attention output and FFN", "a float in [0, 1)"
-    ),
-    "model.attention_probs_dropout_prob": Model(
-        "dropout on attention probabilities", "a float in [0, 1)"
-    ),
+    "model.hidden_dropout_prob": Model("dropout of the residual branches", _PROB),
+    "model.attention_probs_dropout_prob": Model("dropout of attention probabilities", _PROB),
     "model.embedding_size": Model("E, the embedding tables' width", _POSITIVE_INT, none="E = H"),
     "model.position_encoding": Model("positions", _choices(POSITION_ENCODINGS), none=""),
     "model.feed_forward": Model("the feed-forward block", _choices(FEED_FORWARDS), none=""),
@@ -237,14 +102,10 @@ PRETRAIN: dict[str, Bound] = {
     "model.linear_bias": Model("biases of the dense layers", "True or False", none=""),
     "model.norm_bias": Model("LayerNorm biases", "True or False", none=""),
     "model.max_position_embeddings": Model("positions the learned table covers", _POSITIVE_INT),
-    "model.local_attention_window": Model(
-        "W, local layers' window", "an int >= 0", zero="every layer global"
-    ),
+    "model.local_attention_window": Model("W of local layers", "an int >= 0", zero="all global"),
     "model.global_attention_every": Model("with a window, every K-th layer global", _POSITIVE_INT),
-    "model.rope_theta": Model("rotary base of global layers", "a number > 0"),
-    "model.local_rope_theta": Model(
-        "rotary base of local layers", "a number > 0", none="rope_theta"
-    ),
+    "model.rope_theta": Model("rotary base, global layers", "a number > 0"),
+    "model.local_rope_theta": Model("rotary base, local layers", "a number > 0", none="rope_theta"),
     "electra.generator_hidden_fraction": Float("generator H / H", 0, 1, open_low=True),
     "electra.generator_layer_fraction": Float("generator L / L", 0, 1, open_low=True),
     "electra.disc_weight": Float("λ of the discriminator's loss", 0, open_low=True),
@@ -275,9 +136,9 @@ PRETRAIN: dict[str, Bound] = {
     "grad_reduce_dtype": Enum("dtype of the kernels' gradient sum", STATE_DTYPES),
     "optimizer.name": Enum("the optimizer", PRETRAIN_OPTIMIZERS),
     "optimizer.learning_rate": Float("the peak", 0, open_low=True),
-    "optimizer.warmup_steps": Int("linear warmup updates", 0, zero="none: the peak at once"),
+    "optimizer.warmup_steps": Int("linear warmup updates", 0, zero="no warmup, the peak at once"),
     "optimizer.schedule": Enum("after warmup", SCHEDULES),
-    "optimizer.decay_power": Float("polynomial decay", 0, zero="no decay: the peak throughout"),
+    "optimizer.decay_power": Float("polynomial decay", 0, zero="no decay, the peak throughout"),
     "optimizer.decay_fraction": Prob("'wsd': the decaying end", open_low=True),
     "optimizer.weight_decay": Float("decoupled decay (not LayerNorm, biases)", 0, zero="none"),
     "optimizer.b1": Prob("Adam's first-moment decay", open_high=True),
@@ -292,11 +153,7 @@ PRETRAIN: dict[str, Bound] = {
     "jax_cache_dir": Text("JAX's persistent compilation cache ('': none)"),
     "eval_every": Int("steps between evaluations", 0, zero="never"),
     "eval_steps": Int("held-out batches per evaluation", 1),
-    "checkpoint_every": Int(
-        "steps between checkpoints",
-        0,
-        zero="no periodic checkpoint; the final one is still written",
-    ),
+    "checkpoint_every": Int("steps between checkpoints", 0, zero=_FINAL_ONLY),
     "keep_checkpoints": Int("the newest K checkpoints kept", 1),
     "resume_from": Text("a checkpoints dir with a full state ('': none)"),
     "init_from": Text("params only: a checkpoint, TF checkpoint or HF dir ('': none)"),
@@ -304,12 +161,8 @@ PRETRAIN: dict[str, Bound] = {
     "rollback.enabled": Flag("a spike restores the last checkpoint"),
     "rollback.spike_factor": Float("a spike: loss > factor x running median", 1, open_low=True),
     "rollback.median_window": Int("losses in the running median", 1),
-    "rollback.skip_batches": Int(
-        "batches skipped after the restored position", 0, zero="none: the same batches again"
-    ),
-    "rollback.max_rollbacks": Int(
-        "rollbacks within window_steps", 0, zero="the first spike stops the run"
-    ),
+    "rollback.skip_batches": Int("batches skipped after the restored position", 0, zero="none"),
+    "rollback.max_rollbacks": Int("rollbacks within window_steps", 0, zero="a spike stops the run"),
     "rollback.window_steps": Int("steps over which rollbacks count", 1),
     "topology": Text("the Cloud TPU slice"),
     "bucket": Text("the gs:// bucket"),

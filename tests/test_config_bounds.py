@@ -353,28 +353,15 @@ def _run(module: str, *args: str, devices: int = 8) -> subprocess.CompletedProce
     return run_captured([sys.executable, "-m", module, *args], 120, cwd=REPO, env=env)
 
 
-@pytest.mark.parametrize(
-    "flag, expected",
-    [
-        ("--config.keep_checkpoints=0", "--config.keep_checkpoints=0 is outside its range: an "),
-        ("--config.global_batch_size=12", "--config.global_batch_size=12 does not divide over "),
-    ],
-)
-def test_pretrain_refuses_in_one_line(tmp_path, flag, expected):
-    workdir = tmp_path / "run"
-    result = _run(
-        "experiments.pretrain", "--config=experiments/configs/bert_tiny_cpu.py",
-        f"--workdir={workdir}", flag,
-    )  # fmt: skip
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith(f"pretrain: {expected}")
-    assert "Traceback" not in result.stderr and not workdir.exists()
-
-
-@pytest.mark.extended
+# Each exits within a second: the refusal comes before JAX does any work.
 @pytest.mark.parametrize(
     "module, config, flag, expected",
     [
+        ("experiments.pretrain", "bert_tiny_cpu.py", "--config.keep_checkpoints=0",
+         "pretrain: --config.keep_checkpoints=0 is outside its range: an int >= 1 (the newest K"),
+        ("experiments.pretrain", "bert_tiny_cpu.py", "--config.global_batch_size=12",
+         "pretrain: --config.global_batch_size=12 does not divide over the 8 data-parallel "
+         "devices of --config.mesh_shape=(-1, 1, 1) on 8 devices (data 8 x fsdp 1)"),
         ("experiments.pretrain", "bert_tiny_cpu.py", "--config.optimizer.learning_rate=-0.001",
          "pretrain: --config.optimizer.learning_rate=-0.001 is outside its range: a number > 0"),
         ("experiments.pretrain", "bert_tiny_cpu.py", "--config.data.max_predictions_per_seq=0",
@@ -390,9 +377,7 @@ def test_the_tools_refuse_in_one_line(tmp_path, module, config, flag, expected):
     workdir = tmp_path / "run"
     result = _run(module, f"--config=experiments/configs/{config}", f"--workdir={workdir}", flag)
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == expected or (
-        result.stderr.strip().splitlines()[-1].startswith(expected)
-    )
+    assert result.stderr.strip().splitlines()[-1].startswith(expected)
     assert "Traceback" not in result.stderr and not workdir.exists()
 
 
