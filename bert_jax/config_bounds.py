@@ -458,7 +458,7 @@ def _finetune_rules(values, devices, processes) -> Iterator[str]:
 def _demo_rules(values, devices, processes) -> Iterator[str]:
     del devices, processes  # the demo's stages check their own
     low, high = values.get("min_finetune_steps"), values.get("max_finetune_steps")
-    if low is not None and high is not None and low > high:
+    if values.get("task") == "ner" and low is not None and high is not None and low > high:
         yield f"--min_finetune_steps={low} > --max_finetune_steps={high}"
 
 

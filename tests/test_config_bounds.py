@@ -319,6 +319,13 @@ def test_the_demo_refuses_a_flag_before_it_writes(parse_demo_flags, tmp_path, fl
     assert not workdir.exists()  # nothing made, nothing to refuse the rerun by
 
 
+def test_the_demo_step_bounds_bind_ner_only():
+    steps = {"min_finetune_steps": 600, "max_finetune_steps": 500}
+    config_bounds.check({"task": "polarity", **steps}, "demo")  # polarity reads no maximum
+    with pytest.raises(ConfigError, match="^--min_finetune_steps=600 > --max_finetune_steps=500"):
+        config_bounds.check({"task": "ner", **steps}, "demo")
+
+
 def test_the_choices_match_their_modules():
     from bert_jax import finetune_common, optim, sharding, train, train_state
 
