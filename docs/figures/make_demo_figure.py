@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 # One colour per arm, one line style per seed: the arms must be told apart first.
 ARMS = {"pretrained": "tab:blue", "scratch": "tab:orange", "linear": "tab:gray"}
 SEED_STYLES = {"0": "-", "1": "--"}
-LABELS = {"pretrained": "pretrained", "scratch": "scratch (random weights)", "linear": "linear tagger"}
+LABELS = {"pretrained": "pretrained", "scratch": "scratch (random init)", "linear": "linear tagger"}
 
 
 def draw(results: dict, output: Path) -> None:
@@ -51,7 +51,8 @@ def draw(results: dict, output: Path) -> None:
     ax.set_title("make demo: People's Daily NER (mean ± std, 5 subsets)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right", ncol=2)
-    fig.text(0.01, 0.01, f"{results['date']}, {results['machine'].split(',')[0]}", fontsize=6, color="gray")
+    stamp = f"{results['date']}, {results['machine'].split(',')[0]}"
+    fig.text(0.01, 0.01, stamp, fontsize=6, color="gray")
     fig.tight_layout()
     fig.savefig(output)
     plt.close(fig)
@@ -59,8 +60,8 @@ def draw(results: dict, output: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=HERE / "demo_results.json", help="the figures (JSON)")
-    parser.add_argument("--output", type=Path, default=HERE / "demo_f1.png", help="the PNG to write")
+    parser.add_argument("--results", type=Path, default=HERE / "demo_results.json", help="JSON in")
+    parser.add_argument("--output", type=Path, default=HERE / "demo_f1.png", help="PNG out")
     args = parser.parse_args()
     draw(json.loads(args.results.read_text(encoding="utf-8")), args.output)
     print(f"wrote {args.output} ({args.output.stat().st_size:,} bytes)")
