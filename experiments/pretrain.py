@@ -52,8 +52,9 @@ def main(argv):
 
     try:
         final = train_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except checkpointing.CheckpointError as error:
-        # A checkpoint that cannot be written or read: one line (the message names it).
+    except (checkpointing.CheckpointError, config_bounds.ConfigError) as error:
+        # A checkpoint that cannot be written or read, or a config the run's parts refuse
+        # (the objective's keys, the records' kind, a resumed model): one line naming it.
         raise SystemExit(f"pretrain: {error}") from None
     if jax.process_index() == 0:
         logging.info("final metrics: %s", final)

@@ -388,6 +388,17 @@ def test_the_tools_refuse_in_one_line(tmp_path, module, config, flag, expected):
     assert "Traceback" not in result.stderr and not workdir.exists()
 
 
+def test_a_config_the_runs_parts_refuse_is_one_line_too(tmp_path, synthetic_data):
+    # The objective's keys are checked where the objective is built (bert_jax.train).
+    workdir = tmp_path / "run"
+    command = synth.pretrain_command(workdir, synthetic_data, "--config.objective=ltr")
+    result = _run(*command[2:], devices=2)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("pretrain: config.objective='ltr' reads unmasked records"), last
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.extended
 def test_checkpoint_every_0_writes_the_final_checkpoint_only(tmp_path, synthetic_data, xla_cache):
     workdir = tmp_path / "run"
