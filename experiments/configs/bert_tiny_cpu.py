@@ -160,6 +160,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.rollback.spike_factor = 2.0  # a spike: loss > factor x the running median
     config.rollback.median_window = 20  # per-step losses in the running median
     config.rollback.skip_batches = 20  # batches skipped after the restored position
-    config.rollback.max_rollbacks = 3  # allowed within window_steps, one more stops (0: any)
+    config.rollback.max_rollbacks = 3  # within window_steps; one more stops (0: the first)
     config.rollback.window_steps = 1_000  # steps within which max_rollbacks are counted
     return config
