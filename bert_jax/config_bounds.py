@@ -55,9 +55,10 @@ from bert_jax.mesh_shape import MESH_AXES, resolve_mesh_shape
 # Choices written here because their modules import JAX; tests/test_config_bounds.py checks
 # each against its module (train_state.PRNG_IMPLS, optim.SCHEDULES and MU_DTYPES, ...).
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
-PRETRAIN_OPTIMIZERS = ("adamw", "adamw_bias_corrected", "lamb")
+PRETRAIN_OPTIMIZERS = ("adamw", "adamw_bias_corrected", "lamb", "stable_adamw")
 FINETUNE_OPTIMIZERS = ("adamw", "adamw_bias_corrected")
-SCHEDULES = ("linear", "wsd")
+SCHEDULES = ("linear", "wsd", "constant")
+DECAY_SHAPES = ("linear", "1-sqrt")  # optim.DECAY_SHAPES: "wsd"'s anneal
 STATE_DTYPES = ("float32", "bfloat16")  # optimizer.mu_dtype, grad_reduce_dtype
 # The rule of the batch axis where `sharding_rules` gives none (bert_jax.sharding.DEFAULT_RULES).
 DEFAULT_BATCH_AXES = ("data", "fsdp")
@@ -140,6 +141,7 @@ PRETRAIN: dict[str, Bound] = {
     "optimizer.schedule": Enum("after warmup", SCHEDULES),
     "optimizer.decay_power": Float("polynomial decay", 0, zero="no decay, the peak throughout"),
     "optimizer.decay_fraction": Prob("'wsd': the decaying end", open_low=True),
+    "optimizer.decay_shape": Enum("'wsd': the decay's shape", DECAY_SHAPES),
     "optimizer.weight_decay": Float("decoupled decay (not LayerNorm, biases)", 0, zero="none"),
     "optimizer.b1": Prob("Adam's first-moment decay", open_high=True),
     "optimizer.b2": Prob("Adam's second-moment decay", open_high=True),

@@ -41,6 +41,7 @@ VARIANTS = {
     "bert_large_v5e.py": ("phase1", "phase2"),
     "electra_paper.py": ("small", "base"),
     "modernbert_base_tpu.py": ("phase1", "phase2"),
+    "modernbert_base_recipe_tpu.py": (*(f"warmup{k}" for k in range(1, 6)), "phase1", "phase2"),
     "demo_arms.py": tuple(
         "bert rotary alibi geglu pre_ln mask30 wsd modern electra electra_modern".split()
     ),
@@ -331,6 +332,8 @@ def test_the_choices_match_their_modules():
 
     assert config_bounds.PRNG_IMPLS == train_state.PRNG_IMPLS
     assert config_bounds.SCHEDULES == optim.SCHEDULES
+    assert config_bounds.DECAY_SHAPES == optim.DECAY_SHAPES
+    assert config_bounds.PRETRAIN_OPTIMIZERS == optim.OPTIMIZERS
     assert config_bounds.STATE_DTYPES == tuple(optim.MU_DTYPES) == tuple(train.GRAD_REDUCE_DTYPES)
     assert config_bounds.FINETUNE_OPTIMIZERS == finetune_common.OPTIMIZERS
     assert dict(sharding.DEFAULT_RULES)["batch"] == config_bounds.DEFAULT_BATCH_AXES
