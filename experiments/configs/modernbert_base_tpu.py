@@ -15,10 +15,10 @@ linearly): it starts from phase 1's params with a fresh schedule (`init_from`, a
 `bert_large_lamb.py`). Its batch is our choice, not the paper's: one 8,192-token
 sequence per chip (64 per step, 0.5M tokens), because a global layer's einsum attention
 holds f32 (A, T, T) probabilities, 10.5 GiB of temporaries per sequence on v4
-(docs/tpu.md, "Local attention"): two fit but cost 19% more per token by the compiler's
-estimate, three do not fit. Its weight matmuls' outputs are kept for the backward pass and
-the rest recomputed (`remat dots_with_no_batch_dims_saveable`, MaxText's "minimal": 1%
-faster than `full` by the estimate, 17.4 GiB).
+(docs/tpu_estimates.md, "Local attention"): two fit but cost 19% more per token by the
+compiler's estimate, three do not fit. Its weight matmuls' outputs are kept for the
+backward pass and the rest recomputed (`remat dots_with_no_batch_dims_saveable`, MaxText's
+"minimal": 1% faster than `full` by the estimate, 17.4 GiB).
 
   python -m experiments.aot_compile --config=experiments/configs/modernbert_base_tpu.py:phase1
 
