@@ -62,6 +62,7 @@ import time
 
 from absl import app, flags, logging
 
+from bert_jax import workdir_lock
 from data_pipelines import cli, recipe
 from experiments import demo_report
 from experiments.configs import demo_arms
@@ -550,6 +551,7 @@ def main(argv):
     # Absolute paths: Orbax refuses relative checkpoint directories.
     workdir = os.path.abspath(FLAGS.workdir)
     os.makedirs(workdir, exist_ok=True)
+    workdir_lock.hold_until_exit(workdir, "demo")  # one demo per workdir, its stages in turn
     check_workdir(workdir)
     corpora = setting("corpora")
     corpus_dir = os.path.abspath(

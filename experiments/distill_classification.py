@@ -348,7 +348,10 @@ def write_report(path: str, results: dict, dev: str, split: str) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    distill_classifier(flags.FLAGS.config, flags.FLAGS.workdir)
+    from bert_jax import workdir_lock
+
+    with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "distill_classification"):  # one run per workdir
+        distill_classifier(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
 if __name__ == "__main__":

@@ -186,7 +186,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    finetune(flags.FLAGS.config, flags.FLAGS.workdir)
+    from bert_jax import workdir_lock
+
+    with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "feature_based_tagging"):  # one run per workdir
+        finetune(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
 if __name__ == "__main__":

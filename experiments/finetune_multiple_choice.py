@@ -196,7 +196,10 @@ def accuracy(features: ChoiceFeatures, logits: np.ndarray) -> float:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    finetune(flags.FLAGS.config, flags.FLAGS.workdir)
+    from bert_jax import workdir_lock
+
+    with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "finetune_multiple_choice"):  # one run per workdir
+        finetune(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
 if __name__ == "__main__":

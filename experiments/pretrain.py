@@ -8,6 +8,8 @@ Multi-host: on Cloud TPU VMs `jax.distributed.initialize()` finds its peers by i
 elsewhere give --coordinator_address, --num_processes and --process_id.
 """
 
+import contextlib
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -19,9 +21,17 @@ FLAGS = flags.FLAGS
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from bert_jax import workdir_lock
+
+    distributed = bool(FLAGS.coordinator_address or FLAGS.distributed)
+    # One run per workdir, refused before any JAX work; a multi-process run is one run, its
+    # process 0 holds the lock (taken once the processes know their indices).
+    lock = contextlib.ExitStack()
+    if not distributed:
+        lock.enter_context(workdir_lock.hold_or_exit(FLAGS.workdir, "pretrain"))
     import jax
 
-    if FLAGS.coordinator_address or FLAGS.distributed:
+    if distributed:
         if FLAGS.coordinator_address:
             # Gloo gives CPU processes their cross-process collectives (no effect elsewhere).
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -30,6 +40,8 @@ def main(argv):
             num_processes=FLAGS.num_processes,
             process_id=FLAGS.process_id,
         )
+    if distributed and jax.process_index() == 0:
+        lock.enter_context(workdir_lock.hold_or_exit(FLAGS.workdir, "pretrain"))
     if jax.process_index() != 0:
         logging.set_verbosity(logging.WARNING)
     if FLAGS.verbosity <= 0:
@@ -43,7 +55,8 @@ def main(argv):
     from bert_jax import checkpointing, train_loop
 
     try:
-        final = train_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+        with lock:
+            final = train_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except checkpointing.CheckpointError as error:
         # A checkpoint that cannot be written or read: one line (the message names it).
         raise SystemExit(f"pretrain: {error}") from None
