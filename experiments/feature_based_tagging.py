@@ -188,7 +188,8 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from bert_jax import workdir_lock
 
-    with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "feature_based_tagging"):  # one run per workdir
+    # One run per workdir: a second is refused before any work.
+    with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "feature_based_tagging"):
         finetune(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
