@@ -54,7 +54,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 # No TensorFlow import here: see the module docstring.
-from data_pipelines import chunk_pipeline, corpora, instances, tfrecord_files
+from data_pipelines import chunk_pipeline, corpora, instances, tfrecord_files, vocab_fingerprint
 from data_pipelines.pretraining_options import CORPORA, Options  # callers import Options from here
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,8 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
             raise ValueError(f"no documents in the input {options.input_file or options.corpus}")
     seconds = time.perf_counter() - started
     stats = _stats_dict(options, writer, read_stats, totals, masking_counts, chunks_done, seconds)
+    # Which vocabulary the ids are of: the runs that read the records check it.
+    stats["vocab"] = vocab_fingerprint.fingerprint(options.vocab_file)
     _write_json_atomically(stats_path, stats)
     log.info("wrote %d instances to %s in %.1f s", totals.instances, writer.paths, seconds)
     return stats

@@ -53,13 +53,18 @@ def main(argv):
         jax.config.update("jax_compilation_cache_dir", FLAGS.config.jax_cache_dir)
         logging.info("compilation cache: %s", FLAGS.config.jax_cache_dir)
     from bert_jax import checkpointing, train_loop
+    from bert_jax.config import ConfigError
+    from data_pipelines.input_pipeline import TokenIdError
+    from data_pipelines.vocab_fingerprint import VocabMismatchError
 
     try:
         with lock:
             final = train_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except checkpointing.CheckpointError as error:
-        # A checkpoint that cannot be written or read: one line (the message names it).
-        raise SystemExit(f"pretrain: {error}") from None
+    except (checkpointing.CheckpointError, ConfigError, TokenIdError, VocabMismatchError) as error:
+        # A checkpoint that cannot be written or read, a config or data the run refuses: one
+        # line (the message names the file or key; the notes where the run stopped).
+        notes = getattr(error, "__notes__", [])
+        raise SystemExit("; ".join([f"pretrain: {error}", *notes])) from None
     if jax.process_index() == 0:
         logging.info("final metrics: %s", final)
 
