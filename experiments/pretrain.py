@@ -9,6 +9,8 @@ elsewhere give --coordinator_address, --num_processes and --process_id.
 """
 
 import contextlib
+import ipaddress
+import socket
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -16,6 +18,23 @@ from ml_collections import config_flags
 from data_pipelines import cli
 
 FLAGS = flags.FLAGS
+
+
+def loopback_bind_address(coordinator_address: str | None) -> str | None:
+    """`coordinator_address` when its host is a loopback address (localhost, 127.0.0.1,
+    [::1]), where process 0's coordinator then listens; None otherwise (JAX's default: every
+    interface, which the other hosts of a multi-host run need)."""
+    if not coordinator_address:
+        return None
+    host = coordinator_address.rsplit(":", 1)[0].strip("[]")
+    try:
+        found = socket.getaddrinfo(host, None)
+    except OSError:
+        return None
+    addresses = {info[4][0] for info in found}
+    if addresses and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
+        return coordinator_address
+    return None
 
 
 def main(argv):
@@ -39,6 +58,7 @@ def main(argv):
             coordinator_address=FLAGS.coordinator_address,
             num_processes=FLAGS.num_processes,
             process_id=FLAGS.process_id,
+            coordinator_bind_address=loopback_bind_address(FLAGS.coordinator_address),
         )
     if distributed and jax.process_index() == 0:
         lock.enter_context(workdir_lock.hold_or_exit(FLAGS.workdir, "pretrain"))
