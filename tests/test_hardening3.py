@@ -181,3 +181,34 @@ def test_a_damaged_cached_archive_is_refused_offline_and_fetched_again_online(
         assert registry.fetch(PINNED, str(cache)) == str(damaged)
     assert damaged.read_bytes() == DATA
     assert any("fetching it again" in r.getMessage() for r in caplog.records)
+
+
+# --- a corpus line longer than an instance ---------------------------------------------------
+
+
+def test_an_overlong_corpus_line_is_reported_and_the_truncation_adds_up(tmp_path, caplog):
+    """The issue's case (a 2 MB line here 40 KB): it was cut with no word, and the stats
+    reported more tokens removed than the input had."""
+    from create_data_fixtures import MAX_SEQ, _options, _write_documents
+
+    from data_pipelines.create_pretraining_data import create_pretraining_data
+
+    documents = [[f"the {w} sat on the mat .", f"a {w} ran off ."] for w in ("cat", "dog", "ox")]
+    documents[1].append(" ".join(["word"] * 8000))  # line 6 of the file: 8000 tokens
+    path = _write_documents(tmp_path / "docs.txt", documents)
+    with caplog.at_level("WARNING"):
+        stats = create_pretraining_data(_options(tmp_path, path, dupe_factor=3))
+    assert stats["inputs"]["longest_line"] == {"at": f"{path}:6", "bytes": 8000 * 5}
+    warned = [
+        r.getMessage() for r in caplog.records if "more tokens than an instance" in r.getMessage()
+    ]
+    assert warned and f"the longest line is {path}:6" in warned[0]
+    assert warned[0].startswith(f"{stats['overlong_sentences']} sentences")
+    assert stats["overlong_sentences"] == 1
+    cut = stats["truncation"]
+    # Three passes over the line remove more tokens than the input holds; the tokens they
+    # are a part of are the instances' before truncation.
+    assert cut["tokens_removed"] > stats["tokens"]
+    kept = stats["instance_tokens"] - 3 * stats["instances"]
+    assert cut["tokens_before_truncation"] == kept + cut["tokens_removed"]
+    assert kept <= stats["instances"] * (MAX_SEQ - 3)

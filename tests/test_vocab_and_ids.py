@@ -202,3 +202,29 @@ def test_fine_tuning_refuses_a_vocab_file_other_than_its_encoders(tmp_path):
     assert "--config.allow_vocab_change=True" in message
     config.allow_vocab_change = True
     assert common.load_task_model(config, module).vocab_file == other
+
+
+def test_a_sentencepiece_model_as_vocab_file_is_refused_before_training(tmp_path):
+    """The issue's case: fine-tuning with a sentencepiece `.model` as vocab_file trained and
+    scored, then died at the final save (check_vocab read it as text): the model was lost.
+    Now what the save checks is checked when the model loads, before any step."""
+    spm = pytest.importorskip("sentencepiece")
+    from finetune_fixtures import TINY, minilm_vocab, pretrained_params
+
+    from bert_jax import convert
+    from bert_jax import finetune_common as common
+    from bert_jax.config import BertConfig
+    from bert_jax.heads import BertForSequenceClassification
+    from experiments.configs import finetune_glue
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"the {i} cat sat on mat number {i * 7}" for i in range(300)))
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=120, minloglevel=2,
+        user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"],
+    )  # fmt: skip
+    encoder = convert.save_hf(tmp_path / "hf", TINY, pretrained_params(), vocab_file=minilm_vocab())
+    config = finetune_glue.get_config()
+    config.init_from, config.vocab_file = str(encoder), str(tmp_path / "sp.model")
+    with pytest.raises(ValueError):  # UnicodeDecodeError today; named by the tokenizer's check
+        common.load_task_model(config, BertForSequenceClassification(BertConfig(), 2))
