@@ -180,11 +180,11 @@ def make_input(config, position, *, files, seed, mask_config, num_streams=None):
     """The stream of `files` as `config` reads it, refusing records made with another
     vocabulary than `data.vocab_file` (their stats JSON's fingerprint; unless
     `data.allow_vocab_change`) and, at the first batch holding one, an id outside it."""
-    from data_pipelines import input_pipeline, vocab_fingerprint
+    from data_pipelines import input_pipeline
 
     data = config.data
     allow = data.get("allow_vocab_change", False)  # configs older than the key: refused
-    vocab_fingerprint.check_records_vocab(files, data.vocab_file, allow)
+    _check_records_vocab(files if isinstance(files, str) else tuple(files), data.vocab_file, allow)
     return input_pipeline.make_pretraining_dataset(
         files,
         num_streams=num_streams,
@@ -200,6 +200,14 @@ def make_input(config, position, *, files, seed, mask_config, num_streams=None):
         next_token_targets=objective(config) == "ltr",
         vocab_size=_vocab_size(data.vocab_file, data.do_lower_case),
     )
+
+
+@functools.cache
+def _check_records_vocab(files, vocab_file: str, allow: bool) -> None:
+    """Once per run, not at each evaluation (a stats JSON in a bucket is a request)."""
+    from data_pipelines import vocab_fingerprint
+
+    vocab_fingerprint.check_records_vocab(files, vocab_file, allow)
 
 
 @functools.cache

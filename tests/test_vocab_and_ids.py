@@ -179,18 +179,27 @@ def test_sts_b_scores_at_the_ends_of_the_range_are_read(tmp_path):
     assert [e.label for e in examples] == [0.0, 5.0, 2.5]
 
 
-def test_fine_tuning_refuses_a_vocab_file_other_than_its_encoders(tmp_path):
-    """--config.vocab_file names another vocabulary of the same size than the one the encoder
-    was pretrained with: refused naming both, unless config.allow_vocab_change."""
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory) -> str:
+    """A pretrained BERT-tiny exported as a HF directory, with the MiniLM vocab."""
     from finetune_fixtures import TINY, minilm_vocab, pretrained_params
 
     from bert_jax import convert
+
+    directory = tmp_path_factory.mktemp("encoder") / "hf"
+    return convert.save_hf(directory, TINY, pretrained_params(), vocab_file=minilm_vocab())
+
+
+def test_fine_tuning_refuses_a_vocab_file_other_than_its_encoders(tmp_path, encoder):
+    """--config.vocab_file names another vocabulary, of the same size as the one the encoder
+    was pretrained with: refused naming both, unless config.allow_vocab_change."""
+    from finetune_fixtures import minilm_vocab
+
     from bert_jax import finetune_common as common
     from bert_jax.config import BertConfig
     from bert_jax.heads import BertForSequenceClassification
     from experiments.configs import finetune_glue
 
-    encoder = convert.save_hf(tmp_path / "hf", TINY, pretrained_params(), vocab_file=minilm_vocab())
     other = _same_size_other_vocab(minilm_vocab(), tmp_path / "other_vocab.txt")
     config = finetune_glue.get_config()
     config.init_from, config.vocab_file = str(encoder), other
@@ -204,14 +213,11 @@ def test_fine_tuning_refuses_a_vocab_file_other_than_its_encoders(tmp_path):
     assert common.load_task_model(config, module).vocab_file == other
 
 
-def test_a_sentencepiece_model_as_vocab_file_is_refused_before_training(tmp_path):
+def test_a_sentencepiece_model_as_vocab_file_is_refused_before_training(tmp_path, encoder):
     """The issue's case: fine-tuning with a sentencepiece `.model` as vocab_file trained and
     scored, then died at the final save (check_vocab read it as text): the model was lost.
     Now what the save checks is checked when the model loads, before any step."""
     spm = pytest.importorskip("sentencepiece")
-    from finetune_fixtures import TINY, minilm_vocab, pretrained_params
-
-    from bert_jax import convert
     from bert_jax import finetune_common as common
     from bert_jax.config import BertConfig
     from bert_jax.heads import BertForSequenceClassification
@@ -223,7 +229,6 @@ def test_a_sentencepiece_model_as_vocab_file_is_refused_before_training(tmp_path
         input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=120, minloglevel=2,
         user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"],
     )  # fmt: skip
-    encoder = convert.save_hf(tmp_path / "hf", TINY, pretrained_params(), vocab_file=minilm_vocab())
     config = finetune_glue.get_config()
     config.init_from, config.vocab_file = str(encoder), str(tmp_path / "sp.model")
     with pytest.raises(ValueError):  # UnicodeDecodeError today; named by the tokenizer's check
