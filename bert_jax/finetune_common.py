@@ -444,6 +444,15 @@ def save_finetuned(
     return directory
 
 
+def check_can_save(workdir: str, command: str) -> None:
+    """For a script's main, before training: exits with one line where `save_finetuned`
+    could not replace `<workdir>/checkpoint` at the end (it is there and not an export)."""
+    try:
+        convert.output_dir.check_output(os.path.join(workdir, "checkpoint"), overwrite=True)
+    except FileExistsError as error:
+        raise SystemExit(f"{command}: {error}") from None
+
+
 def load_finetuned(directory: str) -> tuple[BertConfig, Any, str | None, dict]:
     """Reads a `save_finetuned` directory: (config, numpy params, vocab file, metadata)."""
     meta_path = os.path.join(directory, FINETUNED_FILE)

@@ -278,10 +278,12 @@ def finetune(
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from bert_jax import finetune_common as common
     from bert_jax import workdir_lock
 
-    # One run per workdir: a second is refused before any work.
+    # One run per workdir (a second is refused before any work); the final save, checked now.
     with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "finetune_classification"):
+        common.check_can_save(flags.FLAGS.workdir, "finetune_classification")
         finetune(flags.FLAGS.config, flags.FLAGS.workdir)
 
 

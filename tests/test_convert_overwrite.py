@@ -55,7 +55,9 @@ def test_a_directory_with_other_files_is_never_replaced(tmp_path, other):
     _export(out)
     (out / other).write_text("keep me")
     with pytest.raises(
-        FileExistsError, match=f"not one: it holds files an export does not \\({other}"
+        FileExistsError,
+        match=f"not an export, the only directory ever replaced: it holds files an export "
+        f"does not \\({other}",
     ):
         _write(out, "new")
     assert (out / other).read_text() == "keep me" and (out / "config.json").exists()
@@ -156,3 +158,23 @@ def test_a_running_writers_temporary_is_left_alone(tmp_path):
     dead.mkdir()
     _write(tmp_path / "out", "new")
     assert _hidden(tmp_path) == [live.name]
+
+
+def test_fine_tuning_checks_its_final_save_before_training(tmp_path):
+    """<workdir>/checkpoint, which the final save replaces, holds something else: the script
+    stops at once (it used to train, then fail or replace it at the end)."""
+    workdir = tmp_path / "run"
+    (workdir / "checkpoint").mkdir(parents=True)
+    (workdir / "checkpoint" / "notes.md").write_text("keep me")
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.finetune_classification",
+         "--config=experiments/configs/finetune_tiny_polarity.py", f"--workdir={workdir}"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2"),
+    )  # fmt: skip
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"finetune_classification: {workdir / 'checkpoint'} exists and is not")
+    assert "it holds files an export does not (notes.md)" in last
+    assert (workdir / "checkpoint" / "notes.md").read_text() == "keep me"
+    assert not (workdir / "train_log.jsonl").exists()

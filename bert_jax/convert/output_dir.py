@@ -88,8 +88,8 @@ def check_output(output_dir: str, overwrite: bool, reads: Sequence[str | None] =
     reason = not_an_export(output_dir)
     if reason:
         raise FileExistsError(
-            f"--overwrite replaces only an export, and {output_dir} is not one: {reason}. "
-            "Delete it yourself, or give another --output"
+            f"{output_dir} exists and is not an export, the only directory ever replaced: "
+            f"{reason}. Delete it yourself, or write somewhere else"
         )
 
 
