@@ -357,7 +357,8 @@ class _Pretraining:
             checkpointing.finish_saves(manager)
             self.saving = False
         stopping = self.watcher.should_stop(step)
-        checkpoint_now = step % config.checkpoint_every == 0 or step == self.stop or stopping
+        every = config.checkpoint_every  # 0: no periodic checkpoint; the final one is written
+        checkpoint_now = (every > 0 and step % every == 0) or step == self.stop or stopping
         if (step % config.log_every == 0 or checkpoint_now) and not self._log(step):
             return False  # rolled back: the steps after the checkpoint are done again
         if config.eval_every and step % config.eval_every == 0:

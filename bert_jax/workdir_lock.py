@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -65,8 +66,18 @@ def _describe(holder: dict) -> str:
     return what
 
 
-def acquire(workdir: str, command: str = "") -> int | None:
-    """Takes `<workdir>/run.lock`; returns the descriptor that holds it (None on `gs://`).
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """A lock `acquire` took: its open file, and whether it made the workdir (then `release`
+    removes the workdir again if nothing else was written there: a refused run leaves none)."""
+
+    workdir: str
+    fd: int
+    made_workdir: bool
+
+
+def acquire(workdir: str, command: str = "") -> Held | None:
+    """Takes `<workdir>/run.lock` (None on `gs://`: no lock there).
 
     Raises:
         WorkdirLockedError: another live run holds it, or a run on another host left it.
@@ -79,7 +90,9 @@ def acquire(workdir: str, command: str = "") -> int | None:
             workdir,
         )
         return None
+    made = not os.path.isdir(workdir)
     os.makedirs(workdir, exist_ok=True)
+    held = Held(workdir, -1, made)
     path = os.path.join(workdir, LOCK_FILE)
     host = socket.gethostname()
     while True:
@@ -88,6 +101,7 @@ def acquire(workdir: str, command: str = "") -> int | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
+            _remove_if_made(held)
             raise WorkdirLockedError(
                 f"workdir {workdir} is in use by another run: {_describe(_holder(path))}. "
                 f"One run per workdir: wait for it, stop it, or give another --workdir"
@@ -104,6 +118,7 @@ def acquire(workdir: str, command: str = "") -> int | None:
     previous = _holder(path)
     if previous.get("pid") and previous.get("host") not in (None, host):
         os.close(fd)
+        _remove_if_made(held)
         raise WorkdirLockedError(
             f"workdir {workdir} is locked by a run on another host: {_describe(previous)}. "
             f"If that run is gone, delete {path}"
@@ -125,45 +140,53 @@ def acquire(workdir: str, command: str = "") -> int | None:
     }
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
-    return fd
+    return dataclasses.replace(held, fd=fd)
 
 
-def release(workdir: str, fd: int | None) -> None:
-    """Removes the lock file and drops the lock (a no-op for None)."""
-    if fd is None:
+def release(held: Held | None) -> None:
+    """Removes the lock file, drops the lock, and removes the workdir if `acquire` made it
+    and nothing else is in it (a no-op for None)."""
+    if held is None:
         return
     with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(os.fspath(workdir), LOCK_FILE))
-    os.close(fd)  # drops the flock
+        os.remove(os.path.join(held.workdir, LOCK_FILE))
+    os.close(held.fd)  # drops the flock
+    _remove_if_made(held)
+
+
+def _remove_if_made(held: Held) -> None:
+    if held.made_workdir:
+        with contextlib.suppress(OSError):  # not empty: the run wrote there
+            os.rmdir(held.workdir)
 
 
 @contextlib.contextmanager
 def hold(workdir: str, command: str = "") -> Iterator[None]:
     """Holds `<workdir>/run.lock` for the body (see the module docstring)."""
-    fd = acquire(workdir, command)
+    held = acquire(workdir, command)
     try:
         yield
     finally:
-        release(workdir, fd)
+        release(held)
 
 
 @contextlib.contextmanager
 def hold_or_exit(workdir: str, command: str) -> Iterator[None]:
     """`hold` for an entry point's main: a refusal exits with its one-line message."""
     try:
-        fd = acquire(workdir, command)
+        held = acquire(workdir, command)
     except WorkdirLockedError as error:
         raise SystemExit(f"{command}: {error}") from None
     try:
         yield
     finally:
-        release(workdir, fd)
+        release(held)
 
 
 def hold_until_exit(workdir: str, command: str) -> None:
     """`hold_or_exit` for the rest of the process (released at interpreter exit)."""
     try:
-        fd = acquire(workdir, command)
+        held = acquire(workdir, command)
     except WorkdirLockedError as error:
         raise SystemExit(f"{command}: {error}") from None
-    atexit.register(release, workdir, fd)
+    atexit.register(release, held)

@@ -31,7 +31,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import scoring
+from bert_jax import config_bounds, scoring
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 from data_pipelines.tasks.multiple_choice import (
@@ -201,6 +201,13 @@ def main(argv):
 
     # One run per workdir (a second is refused before any work); the final save, checked now.
     with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "finetune_multiple_choice"):
+        import jax
+
+        # Every key in its range, the batches over the devices: one line, before any data is
+        # read.
+        config_bounds.check_or_exit(
+            flags.FLAGS.config, "finetune", "finetune_multiple_choice", devices=jax.device_count()
+        )
         common.check_can_save(flags.FLAGS.workdir, "finetune_multiple_choice")
         finetune(flags.FLAGS.config, flags.FLAGS.workdir)
 

@@ -30,7 +30,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import scoring
+from bert_jax import config_bounds, scoring
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 from data_pipelines.tasks.conll import write_conll
@@ -255,6 +255,13 @@ def main(argv):
 
     # One run per workdir: a second is refused before any work.
     with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "finetune_tagging"):
+        import jax
+
+        # Every key in its range, the batches over the devices: one line, before any data is
+        # read.
+        config_bounds.check_or_exit(
+            flags.FLAGS.config, "finetune", "finetune_tagging", devices=jax.device_count()
+        )
         finetune(flags.FLAGS.config, flags.FLAGS.workdir)
 
 

@@ -40,15 +40,25 @@ def loopback_bind_address(coordinator_address: str | None) -> str | None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from bert_jax import workdir_lock
+    from bert_jax import config_bounds, workdir_lock
 
+    # Every key in its range (bert_jax.config_bounds), refused in one line before JAX starts.
+    config_bounds.check_or_exit(FLAGS.config, "pretrain", "pretrain")
     distributed = bool(FLAGS.coordinator_address or FLAGS.distributed)
     # One run per workdir, refused before any JAX work; a multi-process run is one run, its
     # process 0 holds the lock (taken once the processes know their indices).
-    lock = contextlib.ExitStack()
-    if not distributed:
-        lock.enter_context(workdir_lock.hold_or_exit(FLAGS.workdir, "pretrain"))
+    with contextlib.ExitStack() as lock:
+        if not distributed:
+            lock.enter_context(workdir_lock.hold_or_exit(FLAGS.workdir, "pretrain"))
+        _run(distributed, lock)
+
+
+def _run(distributed: bool, lock: contextlib.ExitStack) -> None:
+    """`main` once the workdir is this run's (`lock`, where process 0 takes it when
+    `distributed`)."""
     import jax
+
+    from bert_jax import config_bounds, workdir_lock
 
     if distributed:
         if FLAGS.coordinator_address:
@@ -60,6 +70,10 @@ def main(argv):
             process_id=FLAGS.process_id,
             coordinator_bind_address=loopback_bind_address(FLAGS.coordinator_address),
         )
+    # The rules that need the device and process counts (the batch over the data-parallel
+    # devices and the data streams), before the mesh, the data and the compile.
+    counts = dict(devices=jax.device_count(), processes=jax.process_count())
+    config_bounds.check_or_exit(FLAGS.config, "pretrain", "pretrain", **counts)
     if distributed and jax.process_index() == 0:
         lock.enter_context(workdir_lock.hold_or_exit(FLAGS.workdir, "pretrain"))
     if jax.process_index() != 0:
@@ -78,11 +92,11 @@ def main(argv):
     from data_pipelines.vocab_fingerprint import VocabMismatchError
 
     try:
-        with lock:
-            final = train_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+        final = train_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except (checkpointing.CheckpointError, ConfigError, TokenIdError, VocabMismatchError) as error:
-        # A checkpoint that cannot be written or read, a config or data the run refuses: one
-        # line (the message names the file or key; the notes where the run stopped).
+        # A checkpoint that cannot be written or read, a config the run's parts refuse (the
+        # objective's keys, the records' kind, a resumed model, a finished workdir) or data
+        # the run refuses: one line naming it, and the notes on where the run stopped.
         notes = getattr(error, "__notes__", [])
         raise SystemExit("; ".join([f"pretrain: {error}", *notes])) from None
     if jax.process_index() == 0:

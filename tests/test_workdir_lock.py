@@ -95,3 +95,21 @@ def test_a_second_process_is_refused_before_any_jax_work(tmp_path, module, confi
     assert "Traceback" not in result.stderr
     assert not (workdir / "checkpoints").exists() and not (workdir / "metrics.jsonl").exists()
     print(f"{module} refused in {seconds:.1f} s")
+
+
+def test_a_workdir_the_lock_made_is_removed_if_nothing_was_written(tmp_path):
+    """A run refused after taking the lock (a config the devices refuse) leaves no workdir
+    behind; one that wrote there keeps it."""
+    fresh = tmp_path / "fresh"
+    with workdir_lock.hold(str(fresh)):
+        assert (fresh / workdir_lock.LOCK_FILE).exists()
+    assert not fresh.exists()
+    used = tmp_path / "used"
+    with workdir_lock.hold(str(used)):
+        (used / "metrics.jsonl").write_text("{}\n")
+    assert sorted(os.listdir(used)) == ["metrics.jsonl"]
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with workdir_lock.hold(str(existing)):
+        pass
+    assert existing.is_dir()  # not made by the lock: kept, empty or not
