@@ -18,10 +18,12 @@ directory cannot be made, else when the background write is found to have failed
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging as logging_lib
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -210,7 +212,9 @@ def restore(
             data=ocp.args.JsonRestore(),
             config=ocp.args.JsonRestore(),
         )
-        restored = manager.restore(step, args=args)
+        state_dir = os.path.join(os.fspath(manager.directory), str(step), "state")
+        with _naming_shape_mismatches(state_dir, abstract_state):
+            restored = manager.restore(step, args=args)
         _verify(restored.state, restored.data.get("fingerprint"))
         return restored.state, restored.data["positions"], restored.config
 
@@ -269,12 +273,13 @@ def restore_params_and_step(directory: str, abstract_params=None, step: int | No
         else:
             target = {"params": abstract_params}
             restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-        restored = checkpointer.restore(
-            state_dir,
-            args=ocp.args.PyTreeRestore(
-                item=target, restore_args=restore_args, partial_restore=True
-            ),
-        )
+        with _naming_shape_mismatches(state_dir, target):
+            restored = checkpointer.restore(
+                state_dir,
+                args=ocp.args.PyTreeRestore(
+                    item=target, restore_args=restore_args, partial_restore=True
+                ),
+            )
         items = ocp.args.Composite(data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore())
         saved_items = manager.restore(step, args=items)
         _verify(restored, saved_items.data.get("fingerprint"))
@@ -331,6 +336,44 @@ def _unbox(tree):
             return tree["value"]
         return {k: _unbox(v) for k, v in tree.items()}
     return tree
+
+
+@contextlib.contextmanager
+def _naming_shape_mismatches(state_dir: str, target):
+    """Re-raises Orbax's "Requested shape ... is not compatible with the stored shape" (which
+    names neither the array nor the checkpoint, and suggests `strict=False`) naming the arrays
+    whose saved shape differs from `target`'s, as `CheckpointError`."""
+    try:
+        yield
+    except ValueError as error:
+        found = re.search(r"Requested shape: (\(.*?\)) is not compatible with the stored "
+                          r"shape: (\(.*?\))", str(error))  # fmt: skip
+        if not found:
+            raise
+        wanted, stored = found.groups()
+        try:
+            saved = ocp.PyTreeCheckpointer().metadata(state_dir).item_metadata.tree
+            saved_shapes = {
+                _leaf_name(p): tuple(m.shape)
+                for p, m in jax.tree_util.tree_leaves_with_path(saved)
+                if hasattr(m, "shape")
+            }
+        except Exception:  # noqa: BLE001 - unreadable metadata: name what the error says
+            saved_shapes = {}
+        leaves = jax.tree_util.tree_leaves_with_path(target)
+        model = {_leaf_name(p): tuple(x.shape) for p, x in leaves}
+        differ = [
+            f"{name} saved {saved_shapes[name]}, model {shape}"
+            for name, shape in model.items()
+            if name in saved_shapes and saved_shapes[name] != shape
+        ]
+        if not differ:  # the metadata agrees with the model: the stored array does not
+            named = [name for name, shape in model.items() if str(shape) == wanted]
+            differ = [f"{' or '.join(named[:3]) or 'an array'} stored {stored}, model {wanted}"]
+        raise CheckpointError(
+            f"{state_dir}: arrays of another shape than the model's ({'; '.join(differ[:3])}"
+            f"{'; ...' if len(differ) > 3 else ''}): a checkpoint of another model, or damaged"
+        ) from None
 
 
 def _require_state_metadata(manager, step: int) -> None:
@@ -516,3 +559,26 @@ def tf_io_isdir(path: str) -> bool:
 def config_to_json(config) -> dict:
     """A JSON-safe copy of an ml_collections config (for the checkpoint's `config` item)."""
     return json.loads(config.to_json_best_effort())
+
+
+def check_steps_left(step: int, config, source: str) -> None:
+    """Says what a run that restored `step` from `source` has left to do: a warning when it
+    is at the stop step already (a finished workdir rerun), an error when it is past it (a
+    finished workdir rerun with fewer steps: nothing would train, and nothing would say so).
+
+    Raises:
+        ConfigError: naming the flag, the step and by how much it is past it.
+    """
+    from bert_jax.config import ConfigError
+
+    flag = "stop_at_step" if config.get("stop_at_step") else "num_train_steps"
+    stop = config.get(flag)
+    if step < stop:
+        return
+    if step == stop:
+        logging.warning("%s is at step %d = --config.%s: nothing left to train", source, step, flag)
+        return
+    raise ConfigError(
+        f"{source} is at step {step}, past --config.{flag}={stop} by {step - stop} steps: "
+        f"nothing to train. Give --config.{flag} above {step} to train on, or another --workdir"
+    )

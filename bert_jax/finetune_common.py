@@ -119,6 +119,7 @@ def load_task_model(config: ml_collections.ConfigDict, module: nn.Module) -> Tas
         ValueError: no vocab found, or one with more tokens than the model has embeddings
             (their ids would read past the table).
     """
+    from data_pipelines import vocab_fingerprint
     from data_pipelines.tokenization import load_tokenizer
 
     overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
@@ -137,6 +138,17 @@ def load_task_model(config: ml_collections.ConfigDict, module: nn.Module) -> Tas
     if tokenizer.vocab_size > bert_config.vocab_size:
         raise ValueError(f"{vocab_file} has {tokenizer.vocab_size} tokens > the model's "
                          f"vocab_size {bert_config.vocab_size}")  # fmt: skip
+    # What the final save checks, checked before training: a vocab it cannot copy fails now.
+    convert.check_vocab(vocab_file, bert_config)
+    if config.vocab_file and found_vocab and not config.from_scratch:
+        # The encoder's embedding rows are its own vocabulary's ids.
+        vocab_fingerprint.check_same_vocab(
+            vocab_fingerprint.fingerprint(found_vocab),
+            vocab_file,
+            f"the encoder in {config.init_from}",
+            "allow_vocab_change",
+            config.get("allow_vocab_change", False),  # configs older than the key: refused
+        )
     return TaskModel(module, bert_config, params, tokenizer, vocab_file, init_step)
 
 
@@ -430,6 +442,15 @@ def save_finetuned(
         write_json(os.path.join(tmp, FINETUNED_FILE), metadata)
     log.info("Saved the fine-tuned model to %s", directory)
     return directory
+
+
+def check_can_save(workdir: str, command: str) -> None:
+    """For a script's main, before training: exits with one line where `save_finetuned`
+    could not replace `<workdir>/checkpoint` at the end (it is there and not an export)."""
+    try:
+        convert.output_dir.check_output(os.path.join(workdir, "checkpoint"), overwrite=True)
+    except FileExistsError as error:
+        raise SystemExit(f"{command}: {error}") from None
 
 
 def load_finetuned(directory: str) -> tuple[BertConfig, Any, str | None, dict]:

@@ -8,6 +8,7 @@ run reads exactly what the uninterrupted one would have.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import os
 from typing import Any
@@ -176,9 +177,14 @@ def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
 
 
 def make_input(config, position, *, files, seed, mask_config, num_streams=None):
+    """The stream of `files` as `config` reads it, refusing records made with another
+    vocabulary than `data.vocab_file` (their stats JSON's fingerprint; unless
+    `data.allow_vocab_change`) and, at the first batch holding one, an id outside it."""
     from data_pipelines import input_pipeline
 
     data = config.data
+    allow = data.get("allow_vocab_change", False)  # configs older than the key: refused
+    _check_records_vocab(files if isinstance(files, str) else tuple(files), data.vocab_file, allow)
     return input_pipeline.make_pretraining_dataset(
         files,
         num_streams=num_streams,
@@ -192,7 +198,24 @@ def make_input(config, position, *, files, seed, mask_config, num_streams=None):
         start_position=position,
         max_instances_per_row=max_instances_per_row(config),
         next_token_targets=objective(config) == "ltr",
+        vocab_size=_vocab_size(data.vocab_file, data.do_lower_case),
     )
+
+
+@functools.cache
+def _check_records_vocab(files, vocab_file: str, allow: bool) -> None:
+    """Once per run, not at each evaluation (a stats JSON in a bucket is a request)."""
+    from data_pipelines import vocab_fingerprint
+
+    vocab_fingerprint.check_records_vocab(files, vocab_file, allow)
+
+
+@functools.cache
+def _vocab_size(vocab_file: str, do_lower_case: bool) -> int:
+    """Tokens in the run's vocabulary: its ids are [0, this) (a rollback asks again)."""
+    from data_pipelines.tokenization import load_tokenizer
+
+    return load_tokenizer(vocab_file, do_lower_case=do_lower_case).vocab_size
 
 
 def train_input(config, position, mask_config):

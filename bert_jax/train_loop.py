@@ -204,6 +204,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     """Pretrains as `config` says, checkpointing into `workdir`; returns the last metrics."""
     built = _build(config)
     state, position, source = _restore_or_start(config, workdir, built)
+    checkpointing.check_steps_left(int(state.step), config, source)  # a finished workdir
     logging.info("train state from %s; mesh %s", source, dict(built.mesh.shape))
     return _Pretraining(config, workdir, built, state, position).run()
 

@@ -74,10 +74,16 @@ class ReadStats:
     lines_with_bad_bytes: int = 0
     # U+FFFD characters that decoding inserted (not the ones already in the input).
     replaced_chars: int = 0
+    longest_line_bytes: int = 0  # and where it is, "file:line" (what overlong lines name)
+    longest_line: str = ""
 
     def merge(self, other: ReadStats) -> None:
         for field in dataclasses.fields(self):
-            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+            if not field.name.startswith("longest_line"):
+                setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+        if other.longest_line_bytes > self.longest_line_bytes:
+            self.longest_line_bytes = other.longest_line_bytes
+            self.longest_line = other.longest_line
 
 
 class UndecodableInputError(ValueError):
@@ -178,6 +184,8 @@ def iter_lines(
         with _open_binary(path) as f:
             for raw in f:
                 own.lines += 1
+                if len(raw) > own.longest_line_bytes:
+                    own.longest_line_bytes, own.longest_line = len(raw), f"{path}:{own.lines}"
                 line = decode_line(raw, own).strip()
                 text_lines += bool(line)
                 yield line

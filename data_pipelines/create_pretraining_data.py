@@ -54,7 +54,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 # No TensorFlow import here: see the module docstring.
-from data_pipelines import chunk_pipeline, corpora, instances, tfrecord_files
+from data_pipelines import chunk_pipeline, corpora, instances, tfrecord_files, vocab_fingerprint
 from data_pipelines.pretraining_options import CORPORA, Options  # callers import Options from here
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,19 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
             raise ValueError(f"no documents in the input {options.input_file or options.corpus}")
     seconds = time.perf_counter() - started
     stats = _stats_dict(options, writer, read_stats, totals, masking_counts, chunks_done, seconds)
+    # Which vocabulary the ids are of: the runs that read the records check it.
+    stats["vocab"] = vocab_fingerprint.fingerprint(options.vocab_file)
+    if totals.overlong_sentences:
+        log.warning(
+            "%d sentences (lines) have more tokens than an instance holds (%d): only part of "
+            "each is used (%d tokens cut in all, see the stats' truncation); the longest line "
+            "is %s (%d bytes)",
+            totals.overlong_sentences,
+            options.max_seq_length - (3 if options.next_sentence else 2),
+            totals.truncated_tokens,
+            read_stats.longest_line or "in a non-text input",
+            read_stats.longest_line_bytes,
+        )
     _write_json_atomically(stats_path, stats)
     log.info("wrote %d instances to %s in %.1f s", totals.instances, writer.paths, seconds)
     return stats
@@ -239,6 +252,7 @@ def _stats_dict(
             "lines": read.lines,
             "lines_with_bad_bytes": read.lines_with_bad_bytes,
             "replaced_chars": read.replaced_chars,
+            "longest_line": {"at": read.longest_line, "bytes": read.longest_line_bytes},
         },
         "documents": totals.documents,
         "empty_documents_skipped": totals.empty_documents,
@@ -267,6 +281,12 @@ def _stats_dict(
         "truncation": {
             "instances": totals.truncated_instances,
             "tokens_removed": totals.truncated_tokens,
+            # What tokens_removed is a part of: the instances' tokens before truncation. Not
+            # `tokens` above: a sentence counts each time an instance uses it (each of
+            # dupe_factor passes, and as another document's random B segment).
+            "tokens_before_truncation": totals.instance_tokens
+            - (3 if options.next_sentence else 2) * totals.instances
+            + totals.truncated_tokens,
         },
         "masking": None
         if options.masking == "dynamic"

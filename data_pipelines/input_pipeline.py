@@ -136,9 +136,11 @@ class PretrainingIterator:
         streams: Sequence[int],
         position: dict[str, Any] | None = None,
         max_instances_per_row: int | None = None,
+        vocab_size: int | None = None,
     ):
         self.spec = spec
         self.streams = list(streams)
+        self.vocab_size = vocab_size  # ids at or past it are refused (`_check_ids`)
         self.max_instances_per_row = max_instances_per_row
         saved = {} if position is None else position["streams"]
         counts = functools.cache(lambda: record_counts(spec.files, spec.compression))
@@ -163,6 +165,9 @@ class PretrainingIterator:
 
     def __next__(self) -> dict[str, np.ndarray]:
         parts = [next(iterator) for iterator in self._iterators]
+        if self.vocab_size is not None:
+            for stream, iterator, part in zip(self.streams, self._iterators, parts, strict=True):
+                _check_ids(part, self.vocab_size, self.spec, stream, iterator.position)
         if len(parts) == 1:
             return parts[0]
         return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
@@ -178,6 +183,36 @@ class PretrainingIterator:
             **({"max_instances_per_row": packed} if packed is not None else {}),
             "streams": {str(s): iterator.position for s, iterator in streams},
         }
+
+
+class TokenIdError(ValueError):
+    """A batch with a token id or masked-LM target outside [0, vocab size)."""
+
+
+# The id fields of a batch; the gather that embeds them clamps an id past the table, so one
+# out of range shows up only later, as a non-finite loss.
+_ID_FIELDS = {"input_ids": "token id", "masked_lm_ids": "masked-LM target id"}
+
+
+def _check_ids(batch, vocab_size: int, spec: PipelineSpec, stream: int, position) -> None:
+    """Raises `TokenIdError` at the first batch holding an id outside [0, vocab_size),
+    naming the id, the field, the stream's files and the batch's place in them."""
+    for field, what in _ID_FIELDS.items():
+        ids = batch.get(field)
+        if ids is None or ids.size == 0:
+            continue
+        low, high = int(ids.min()), int(ids.max())
+        if low >= 0 and high < vocab_size:
+            continue
+        bad = high if high >= vocab_size else low
+        files = spec.stream_files(stream)
+        named = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        raise TokenIdError(
+            f"{what} {bad} outside the vocabulary's [0, {vocab_size}) in data stream "
+            f"{stream}'s batch that ends at epoch {position.get('epoch')}, batch_in_epoch "
+            f"{position.get('batch_in_epoch')} (reading {named}): records made with another "
+            "vocabulary?"
+        )
 
 
 def _from_per_host(position: dict[str, Any]) -> dict[str, Any]:
@@ -327,6 +362,7 @@ def make_pretraining_dataset(
     compression: str | None = None,
     max_instances_per_row: int | None = None,
     next_token_targets: bool = False,
+    vocab_size: int | None = None,
 ) -> PretrainingIterator:
     """The training input for this process, as an endless iterator of numpy batches.
 
@@ -353,6 +389,8 @@ def make_pretraining_dataset(
             instance per row, the records as they are).
         next_token_targets: a left-to-right LM's targets (`next_token_targets`) instead of
             masks: needs `dynamic_masking`, no `masking_config`, and P == T.
+        vocab_size: the vocabulary's size: a batch holding an id outside [0, vocab_size)
+            raises `TokenIdError` naming it (None: not checked).
 
     Returns:
         A `PretrainingIterator`; save its `position` with each checkpoint.
@@ -429,4 +467,4 @@ def make_pretraining_dataset(
     if start_position is not None:
         _check_position(spec, start_position, streams, max_instances_per_row)
     _check_records(spec, streams)
-    return PretrainingIterator(spec, streams, start_position, max_instances_per_row)
+    return PretrainingIterator(spec, streams, start_position, max_instances_per_row, vocab_size)

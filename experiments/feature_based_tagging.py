@@ -196,13 +196,18 @@ def cache_features(
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    import jax
+    from bert_jax import workdir_lock
 
-    # Every key in its range, the batches over the devices: one line, before any data is read.
-    config_bounds.check_or_exit(
-        flags.FLAGS.config, "finetune", "feature_based_tagging", devices=jax.device_count()
-    )
-    finetune(flags.FLAGS.config, flags.FLAGS.workdir)
+    # One run per workdir: a second is refused before any work.
+    with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "feature_based_tagging"):
+        import jax
+
+        # Every key in its range, the batches over the devices: one line, before any data is
+        # read.
+        config_bounds.check_or_exit(
+            flags.FLAGS.config, "finetune", "feature_based_tagging", devices=jax.device_count()
+        )
+        finetune(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
 if __name__ == "__main__":

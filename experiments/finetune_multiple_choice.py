@@ -196,13 +196,20 @@ def accuracy(features: ChoiceFeatures, logits: np.ndarray) -> float:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    import jax
+    from bert_jax import finetune_common as common
+    from bert_jax import workdir_lock
 
-    # Every key in its range, the batches over the devices: one line, before any data is read.
-    config_bounds.check_or_exit(
-        flags.FLAGS.config, "finetune", "finetune_multiple_choice", devices=jax.device_count()
-    )
-    finetune(flags.FLAGS.config, flags.FLAGS.workdir)
+    # One run per workdir (a second is refused before any work); the final save, checked now.
+    with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "finetune_multiple_choice"):
+        import jax
+
+        # Every key in its range, the batches over the devices: one line, before any data is
+        # read.
+        config_bounds.check_or_exit(
+            flags.FLAGS.config, "finetune", "finetune_multiple_choice", devices=jax.device_count()
+        )
+        common.check_can_save(flags.FLAGS.workdir, "finetune_multiple_choice")
+        finetune(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ Multi-host: on Cloud TPU VMs `jax.distributed.initialize()` finds its peers by i
 elsewhere give --coordinator_address, --num_processes and --process_id.
 """
 
+import contextlib
+import ipaddress
+import socket
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -16,16 +20,47 @@ from data_pipelines import cli
 FLAGS = flags.FLAGS
 
 
+def loopback_bind_address(coordinator_address: str | None) -> str | None:
+    """`coordinator_address` when its host is a loopback address (localhost, 127.0.0.1,
+    [::1]), where process 0's coordinator then listens; None otherwise (JAX's default: every
+    interface, which the other hosts of a multi-host run need)."""
+    if not coordinator_address:
+        return None
+    host = coordinator_address.rsplit(":", 1)[0].strip("[]")
+    try:
+        found = socket.getaddrinfo(host, None)
+    except OSError:
+        return None
+    addresses = {info[4][0] for info in found}
+    if addresses and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
+        return coordinator_address
+    return None
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from bert_jax import config_bounds
+    from bert_jax import config_bounds, workdir_lock
 
     # Every key in its range (bert_jax.config_bounds), refused in one line before JAX starts.
     config_bounds.check_or_exit(FLAGS.config, "pretrain", "pretrain")
+    distributed = bool(FLAGS.coordinator_address or FLAGS.distributed)
+    # One run per workdir, refused before any JAX work; a multi-process run is one run, its
+    # process 0 holds the lock (taken once the processes know their indices).
+    with contextlib.ExitStack() as lock:
+        if not distributed:
+            lock.enter_context(workdir_lock.hold_or_exit(FLAGS.workdir, "pretrain"))
+        _run(distributed, lock)
+
+
+def _run(distributed: bool, lock: contextlib.ExitStack) -> None:
+    """`main` once the workdir is this run's (`lock`, where process 0 takes it when
+    `distributed`)."""
     import jax
 
-    if FLAGS.coordinator_address or FLAGS.distributed:
+    from bert_jax import config_bounds, workdir_lock
+
+    if distributed:
         if FLAGS.coordinator_address:
             # Gloo gives CPU processes their cross-process collectives (no effect elsewhere).
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -33,11 +68,14 @@ def main(argv):
             coordinator_address=FLAGS.coordinator_address,
             num_processes=FLAGS.num_processes,
             process_id=FLAGS.process_id,
+            coordinator_bind_address=loopback_bind_address(FLAGS.coordinator_address),
         )
     # The rules that need the device and process counts (the batch over the data-parallel
     # devices and the data streams), before the mesh, the data and the compile.
     counts = dict(devices=jax.device_count(), processes=jax.process_count())
     config_bounds.check_or_exit(FLAGS.config, "pretrain", "pretrain", **counts)
+    if distributed and jax.process_index() == 0:
+        lock.enter_context(workdir_lock.hold_or_exit(FLAGS.workdir, "pretrain"))
     if jax.process_index() != 0:
         logging.set_verbosity(logging.WARNING)
     if FLAGS.verbosity <= 0:
@@ -49,13 +87,18 @@ def main(argv):
         jax.config.update("jax_compilation_cache_dir", FLAGS.config.jax_cache_dir)
         logging.info("compilation cache: %s", FLAGS.config.jax_cache_dir)
     from bert_jax import checkpointing, train_loop
+    from bert_jax.config import ConfigError
+    from data_pipelines.input_pipeline import TokenIdError
+    from data_pipelines.vocab_fingerprint import VocabMismatchError
 
     try:
         final = train_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except (checkpointing.CheckpointError, config_bounds.ConfigError) as error:
-        # A checkpoint that cannot be written or read, or a config the run's parts refuse
-        # (the objective's keys, the records' kind, a resumed model): one line naming it.
-        raise SystemExit(f"pretrain: {error}") from None
+    except (checkpointing.CheckpointError, ConfigError, TokenIdError, VocabMismatchError) as error:
+        # A checkpoint that cannot be written or read, a config the run's parts refuse (the
+        # objective's keys, the records' kind, a resumed model, a finished workdir) or data
+        # the run refuses: one line naming it, and the notes on where the run stopped.
+        notes = getattr(error, "__notes__", [])
+        raise SystemExit("; ".join([f"pretrain: {error}", *notes])) from None
     if jax.process_index() == 0:
         logging.info("final metrics: %s", final)
 

@@ -5,6 +5,8 @@ each real file in its exact layout (tests/fixtures/tasks/bigbench, msra): offlin
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -26,8 +28,9 @@ MSRA = os.path.join(FIXTURES, "msra")
 
 
 @pytest.fixture
-def bigbench_cache(tmp_path):
-    """A cache holding a BIG-bench 'sdist' with the fixture files at their real paths."""
+def bigbench_cache(tmp_path, monkeypatch):
+    """A cache holding a BIG-bench 'sdist' with the fixture files at their real paths, and
+    the pin of that sdist (a cached archive is checked against its pin on every use)."""
     sdist = tmp_path / bigbench.SDIST.filename
     members = {
         "squad_shifts/squaddev_v1.1.json": "squaddev_v1.1.json",
@@ -38,6 +41,8 @@ def bigbench_cache(tmp_path):
     with tarfile.open(sdist, "w:gz") as tar:
         for member, fixture in members.items():
             tar.add(os.path.join(BIGBENCH, fixture), f"{bigbench.TASKS_DIR}/{member}")
+    pin = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    monkeypatch.setattr(bigbench, "SDIST", dataclasses.replace(bigbench.SDIST, sha256=pin))
     return str(tmp_path)
 
 

@@ -51,9 +51,18 @@ _EXPORTS = {
     "stack_layers": "names",
     "to_hf_state_dict": "export",
     "unstack_layers": "names",
-    "writing_dir": "readers",
+    "writing_dir": "output_dir",
 }
-_SUBMODULES = ("electra", "export", "families", "load", "modernbert", "names", "readers")
+_SUBMODULES = (
+    "electra",
+    "export",
+    "families",
+    "load",
+    "modernbert",
+    "names",
+    "output_dir",
+    "readers",
+)
 
 __all__ = sorted(_EXPORTS)
 

@@ -53,7 +53,11 @@ def _define_flags():
         "lower-cases).",
     )
     flags.DEFINE_bool("scan_layers", False, "Orbax output: stack the layers (scan layout).")
-    flags.DEFINE_bool("overwrite", False, "Replace --output if it exists.")
+    flags.DEFINE_bool(
+        "overwrite",
+        False,
+        "Replace --output if it is an export (recognised by its files; never the input).",
+    )
     return flags.FLAGS
 
 
@@ -66,6 +70,7 @@ def main(argv) -> None:
     from bert_jax.convert.export import save_hf
     from bert_jax.convert.load import load_pretrained
     from bert_jax.convert.names import with_layout
+    from bert_jax.convert.output_dir import check_output
     from bert_jax.convert.readers import detect_format, save_params, tokenizer_files
 
     if len(argv) > 1:
@@ -75,6 +80,12 @@ def main(argv) -> None:
     if not FLAGS["verbosity"].present:
         absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger("bert_jax").setLevel(logging.INFO)
+    # Before anything is read: an --output that is the input, above it, or not an export.
+    reads = (FLAGS.input, FLAGS.vocab_file, FLAGS.bert_config_file)
+    try:
+        check_output(FLAGS.output, FLAGS.overwrite, reads)
+    except FileExistsError as error:
+        raise SystemExit(f"convert: {error}") from None
     log.info("Reading %s (%s)", FLAGS.input, detect_format(FLAGS.input))
     electra = read_electra_train_state(FLAGS.input) if FLAGS.format == "hf" else None
     if electra is not None:

@@ -17,8 +17,6 @@ import json
 import os
 import re
 import shutil
-import stat
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -34,6 +32,7 @@ from bert_jax.convert.names import (
     flatten,
     with_layout,
 )
+from bert_jax.convert.output_dir import writing_dir
 
 
 class Source:
@@ -403,42 +402,6 @@ def tokenizer_files(path: str | os.PathLike) -> list[str]:
 
 
 # --- Writing directories ----------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def writing_dir(output_dir: str, overwrite: bool = False) -> Iterator[str]:
-    """Yields a temporary directory beside `output_dir`, renamed to it only on success."""
-    if os.path.exists(output_dir) and not overwrite:
-        raise FileExistsError(f"{output_dir} exists; pass overwrite=True (--overwrite)")
-    parent = os.path.dirname(os.path.abspath(output_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.tmp-", dir=parent)
-    try:
-        yield tmp
-        _modes_from_umask(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if os.path.exists(output_dir):
-        shutil.rmtree(output_dir)
-    os.rename(tmp, output_dir)
-
-
-def _modes_from_umask(directory: str) -> None:
-    """Gives `directory` and everything in it the modes the umask gives new files.
-
-    mkdtemp makes the directory 0700 and safetensors its file 0600, whatever the umask:
-    an exported model was readable by its owner only.
-    """
-    probe = os.path.join(directory, ".umask-probe")
-    os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
-    file_mode = stat.S_IMODE(os.stat(probe).st_mode)  # 0o666 less the umask
-    os.remove(probe)
-    dir_mode = file_mode | (file_mode & 0o444) >> 2  # searchable wherever readable
-    for root, _dirs, files in os.walk(directory):
-        os.chmod(root, dir_mode)
-        for name in files:
-            os.chmod(os.path.join(root, name), file_mode)
 
 
 def copy_files(directory: str, vocab_file: str | None, tokenizer: Sequence[str]) -> None:

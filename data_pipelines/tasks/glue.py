@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Sequence
 
@@ -45,6 +46,7 @@ class GlueTask:
     submission: dict[str, str]  # test split -> file name in the GLUE submission zip
     tfds_splits: dict[str, str]  # our split name -> TFDS split
     tfds_text: tuple[str, ...]  # TFDS feature names of text_a (and text_b)
+    score_range: tuple[float, float] | None = None  # a regression target's [low, high]
 
 
 _PAIR_TEST = Columns(header=True, guid=0, text_a=1, text_b=2)
@@ -74,7 +76,7 @@ TASKS: dict[str, GlueTask] = {
         GlueTask(
             "stsb", None, Columns(header=True, text_a=7, text_b=8, label=9),
             Columns(header=True, guid=0, text_a=7, text_b=8), _SPLITS, {"test": "STS-B.tsv"},
-            _TFDS_SPLITS, ("sentence1", "sentence2"),
+            _TFDS_SPLITS, ("sentence1", "sentence2"), score_range=(0.0, 5.0),
         ),
         GlueTask(
             "qqp", _BINARY, Columns(header=True, text_a=3, text_b=4, label=5),
@@ -202,12 +204,24 @@ def _example(task, columns: Columns, path, split, line, row) -> SentenceExample:
                 label = float(label)
             except ValueError:
                 raise TaskDataError(f"{path}:{line}: score {label!r} is not a number") from None
+            check_score(task, label, f"{path}:{line}")
         elif label not in task.labels:
             raise TaskDataError(
                 f"{path}:{line}: label {label!r} is not one of GLUE {task.name}'s "
                 f"{list(task.labels)}"
             )
     return SentenceExample(guid, text_a, text_b, label)
+
+
+def check_score(task: GlueTask, score: float, where: str) -> None:
+    """Refuses a regression target that is not finite or outside the task's range: one such
+    score trains (STS-B at 500: loss in the thousands) or stops at a non-finite loss later
+    without naming its row."""
+    low, high = task.score_range or (-math.inf, math.inf)
+    if not math.isfinite(score) or not low <= score <= high:
+        raise TaskDataError(
+            f"{where}: score {score!r} is outside GLUE {task.name}'s range [{low:g}, {high:g}]"
+        )
 
 
 def read_tfds(
@@ -229,6 +243,7 @@ def read_tfds(
         label = None
         if labeled and task.labels is None:
             label = float(record["label"])
+            check_score(task, label, f"TFDS glue/{task.name} {split} idx {int(record['idx'])}")
         elif labeled:
             name = names[int(record["label"])]
             # TFDS names CoLA/SST-2/... classes in words; ours are their ids, as in the TSVs.

@@ -85,6 +85,8 @@ def get_config() -> ml_collections.ConfigDict:
     # A workdir resumed on other data than its checkpoints' (docs/tpu.md section 6): "refuse"
     # names each change; "restart" reads this data from its beginning at the checkpoint's step.
     config.data.on_change = "refuse"
+    # True: train on records whose stats JSON names another vocabulary than vocab_file.
+    config.data.allow_vocab_change = False
 
     config.global_batch_size = 64  # sequences per step over all devices
     config.num_train_steps = 2_000  # length of the learning-rate schedule

@@ -50,6 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.bert_config_file = ""  # replaces the config found beside init_from
     config.vocab_file = ""  # "" = the vocab beside init_from (a workdir: its config's)
     config.do_lower_case = True  # False for cased checkpoints
+    config.allow_vocab_change = False  # True: vocab_file may differ from the encoder's own
     config.from_scratch = False  # True: random weights in the same architecture (baseline)
     config.model_overrides = ml_collections.ConfigDict()
     config.model_overrides.hidden_dropout_prob = placeholder(float)  # None: the checkpoint's
