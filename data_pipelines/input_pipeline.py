@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from data_pipelines import masking, packing, records, tfrecord_files
+from data_pipelines import masking, packing, records, tfrecord_files, tfrecord_framing
 from data_pipelines.input_streams import (
     PipelineSpec,
     StreamIterator,
@@ -87,13 +87,13 @@ def check_record_files(
     files: Sequence[str], compression: str | None, patterns: str | Sequence[str]
 ) -> None:
     """Refuses a file that does not begin like a TFRecord file before any is read
-    (`tfrecord_files.check_framing`: one small read per file, in parallel for buckets).
+    (`tfrecord_framing.check_framing`: one small read per file, in parallel for buckets).
 
     Raises:
         ValueError: naming the first such file and the patterns that matched it.
     """
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        futures = [pool.submit(tfrecord_files.check_framing, f, compression) for f in files]
+        futures = [pool.submit(tfrecord_framing.check_framing, f, compression) for f in files]
     for future in futures:
         if future.exception() is not None:
             raise ValueError(

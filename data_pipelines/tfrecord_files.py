@@ -170,11 +170,6 @@ def _process_alive(pid: int) -> bool:
 
 # ----------------------------------------------------------------------------- readers
 
-# Transitional: `input_pipeline.list_files` still names it here while another branch edits
-# that file; once merged, it calls `tfrecord_framing.check_framing` and this line goes.
-check_framing = tfrecord_framing.check_framing
-
-
 def check_shard_set(paths: Sequence[str]) -> None:
     """Raises if a file of `paths` belongs to a shard set not (yet) completely renamed.
 

@@ -29,16 +29,16 @@ import time
 
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from bert_jax import config_bounds
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 from data_pipelines.tasks.classification_features import encode_sentences
 from data_pipelines.tasks.sentence_tasks import load_sentence_task
 from data_pipelines.tokenization import load_tokenizer
 from experiments import finetune_classification as ftc
+from experiments import finetune_main
 
 # JAX, Optax and the models are imported where they are used: `-h` answers without them.
 
@@ -406,23 +406,7 @@ def write_report(path: str, results: dict, dev: str, split: str) -> None:
     os.replace(tmp, path)
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from bert_jax import finetune_common as common
-    from bert_jax import workdir_lock
-
-    # One run per workdir (a second is refused before any work); the final save, checked now.
-    with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "distill_classification"):
-        import jax
-
-        # Every key in its range, the batches over the devices: one line, before any data is
-        # read.
-        config_bounds.check_or_exit(
-            flags.FLAGS.config, "finetune", "distill_classification", devices=jax.device_count()
-        )
-        common.check_can_save(flags.FLAGS.workdir, "distill_classification")
-        distill_classifier(flags.FLAGS.config, flags.FLAGS.workdir)
+main = finetune_main.make_main(distill_classifier, "distill_classification", saves_model=True)
 
 
 if __name__ == "__main__":

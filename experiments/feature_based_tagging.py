@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from bert_jax import config_bounds
 from bert_jax.config import BertConfig
 from data_pipelines import cli
+from experiments import finetune_main
 from experiments import finetune_tagging as ftt
 
 # JAX and the models are imported where they are used: `-h` answers without them.
@@ -193,21 +193,7 @@ def cache_features(
     return caches, time.time() - feature_start
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from bert_jax import workdir_lock
-
-    # One run per workdir: a second is refused before any work.
-    with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "feature_based_tagging"):
-        import jax
-
-        # Every key in its range, the batches over the devices: one line, before any data is
-        # read.
-        config_bounds.check_or_exit(
-            flags.FLAGS.config, "finetune", "feature_based_tagging", devices=jax.device_count()
-        )
-        finetune(flags.FLAGS.config, flags.FLAGS.workdir)
+main = finetune_main.make_main(finetune, "feature_based_tagging")
 
 
 if __name__ == "__main__":

@@ -31,16 +31,17 @@ from typing import TYPE_CHECKING
 
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import config_bounds, scoring
+from bert_jax import scoring
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 from data_pipelines.tasks import glue
 from data_pipelines.tasks.classification_features import SentenceFeatures, encode_sentences
 from data_pipelines.tasks.sentence_tasks import SentenceTask, load_sentence_task
+from experiments import finetune_main
 
 # JAX, Optax and the model are imported where they are used: `-h` answers without them.
 if TYPE_CHECKING:
@@ -366,23 +367,7 @@ def save_model(
                           vocab_file=vocab_file, metadata=meta)  # fmt: skip
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from bert_jax import finetune_common as common
-    from bert_jax import workdir_lock
-
-    # One run per workdir (a second is refused before any work); the final save, checked now.
-    with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "finetune_classification"):
-        import jax
-
-        # Every key in its range, the batches over the devices: one line, before any data is
-        # read.
-        config_bounds.check_or_exit(
-            flags.FLAGS.config, "finetune", "finetune_classification", devices=jax.device_count()
-        )
-        common.check_can_save(flags.FLAGS.workdir, "finetune_classification")
-        finetune(flags.FLAGS.config, flags.FLAGS.workdir)
+main = finetune_main.make_main(finetune, "finetune_classification", saves_model=True)
 
 
 if __name__ == "__main__":

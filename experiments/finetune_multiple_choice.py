@@ -27,11 +27,11 @@ import time
 
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import config_bounds, scoring
+from bert_jax import scoring
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 from data_pipelines.tasks.multiple_choice import (
@@ -39,6 +39,7 @@ from data_pipelines.tasks.multiple_choice import (
     encode_choices,
     load_multiple_choice_task,
 )
+from experiments import finetune_main
 
 # JAX, Optax and the model are imported where they are used: `-h` answers without them.
 
@@ -193,23 +194,7 @@ def accuracy(features: ChoiceFeatures, logits: np.ndarray) -> float:
     return scoring.accuracy(features.labels, logits.argmax(-1))
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from bert_jax import finetune_common as common
-    from bert_jax import workdir_lock
-
-    # One run per workdir (a second is refused before any work); the final save, checked now.
-    with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "finetune_multiple_choice"):
-        import jax
-
-        # Every key in its range, the batches over the devices: one line, before any data is
-        # read.
-        config_bounds.check_or_exit(
-            flags.FLAGS.config, "finetune", "finetune_multiple_choice", devices=jax.device_count()
-        )
-        common.check_can_save(flags.FLAGS.workdir, "finetune_multiple_choice")
-        finetune(flags.FLAGS.config, flags.FLAGS.workdir)
+main = finetune_main.make_main(finetune, "finetune_multiple_choice", saves_model=True)
 
 
 if __name__ == "__main__":

@@ -25,15 +25,16 @@ from typing import TYPE_CHECKING
 
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import config_bounds, scoring
+from bert_jax import scoring
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 from data_pipelines.tasks import squad
 from data_pipelines.tasks.squad_predictions import postprocess
+from experiments import finetune_main
 
 # JAX, Optax and the model are imported where they are used: `-h` answers without them.
 if TYPE_CHECKING:
@@ -192,21 +193,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return results
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from bert_jax import workdir_lock
-
-    # One run per workdir: a second is refused before any work.
-    with workdir_lock.hold_or_exit(flags.FLAGS.workdir, "finetune_squad"):
-        import jax
-
-        # Every key in its range, the batches over the devices: one line, before any data is
-        # read.
-        config_bounds.check_or_exit(
-            flags.FLAGS.config, "finetune", "finetune_squad", devices=jax.device_count()
-        )
-        finetune(flags.FLAGS.config, flags.FLAGS.workdir)
+main = finetune_main.make_main(finetune, "finetune_squad")
 
 
 if __name__ == "__main__":
