@@ -9,6 +9,7 @@ feed-forward (GeGLU, Shazeer 2020).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -282,3 +283,40 @@ def select(condition, if_true, if_false):
     if isinstance(condition, bool | np.bool_):
         return if_true if condition else if_false
     return jax.tree.map(lambda a, b: jnp.where(condition, a, b), if_true, if_false)
+
+
+def product_dtype(dtype):
+    """The dtype the backward's products multiply in, their operands rounded to `dtype`:
+    `dtype` itself on an accelerator; f32 on XLA:CPU, which has no bf16 x bf16 -> f32 kernel
+    for some of the backward's layouts ("Unsupported element type for DotThunk"). A product
+    of two bf16 values is exact in f32, so both accumulate the same terms."""
+    return jnp.float32 if jax.default_backend() == "cpu" else dtype
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def mixed_einsum(subscripts: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """`jnp.einsum(subscripts, a, b)` as `matmul` computes a product: both inputs cast to
+    `dtype`, accumulated and returned in f32, and the backward's products `dtype` x `dtype`
+    (the incoming gradient cast too), accumulated in f32. Every index of `a` must appear in
+    `b` or the output, and likewise for `b` (no sum over one input's own index)."""
+    return _einsum_forward(subscripts, a, b, dtype)[0]
+
+
+def _einsum_forward(subscripts, a, b, dtype):
+    a_c, b_c = a.astype(dtype), b.astype(dtype)
+    y = jnp.einsum(subscripts, a_c, b_c, preferred_element_type=jnp.float32)
+    return y, (a_c, b_c, jnp.zeros((), a.dtype), jnp.zeros((), b.dtype))
+
+
+def _einsum_backward(subscripts, dtype, saved, g):
+    a_c, b_c, a_type, b_type = saved
+    inputs, out = subscripts.split("->")
+    a_axes, b_axes = inputs.split(",")
+    compute = product_dtype(dtype)
+    g, a_c, b_c = g.astype(dtype).astype(compute), a_c.astype(compute), b_c.astype(compute)
+    da = jnp.einsum(f"{out},{b_axes}->{a_axes}", g, b_c, preferred_element_type=jnp.float32)
+    db = jnp.einsum(f"{out},{a_axes}->{b_axes}", g, a_c, preferred_element_type=jnp.float32)
+    return da.astype(a_type.dtype), db.astype(b_type.dtype)
+
+
+mixed_einsum.defvjp(_einsum_forward, _einsum_backward)

@@ -21,9 +21,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax import layers
-from bert_jax.config import BertConfig, ConfigError
-from bert_jax.layers import attention_bias, attention_mask, last_token_positions
+from bert_jax import attention, layers
+from bert_jax.config import BertConfig
+from bert_jax.layers import attention_mask, last_token_positions
 
 
 def weight_init(config: BertConfig, names: tuple[str, ...]):
@@ -146,17 +146,9 @@ def _matmul_forward(x, kernel, contract, dtype):
     return y, (x_c, kernel_c, jnp.zeros((), x.dtype), jnp.zeros((), kernel.dtype))
 
 
-def product_dtype(dtype):
-    """The dtype the backward's products multiply in, their operands rounded to `dtype`:
-    `dtype` itself on an accelerator; f32 on XLA:CPU, which has no bf16 x bf16 -> f32 kernel
-    for some of the backward's layouts ("Unsupported element type for DotThunk"). A product
-    of two bf16 values is exact in f32, so both accumulate the same terms."""
-    return jnp.float32 if jax.default_backend() == "cpu" else dtype
-
-
 def _matmul_backward(contract, dtype, saved, g):
     x_c, kernel_c, x_type, kernel_type = saved
-    compute = product_dtype(dtype)
+    compute = layers.product_dtype(dtype)
     g, x_c, kernel_c = (
         g.astype(dtype).astype(compute),
         x_c.astype(compute),
@@ -182,35 +174,6 @@ def _matmul_backward(contract, dtype, saved, g):
 
 
 matmul.defvjp(_matmul_forward, _matmul_backward)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
-def mixed_einsum(subscripts: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
-    """`jnp.einsum(subscripts, a, b)` as `matmul` computes a product: both inputs cast to
-    `dtype`, accumulated and returned in f32, and the backward's products `dtype` x `dtype`
-    (the incoming gradient cast too), accumulated in f32. Every index of `a` must appear in
-    `b` or the output, and likewise for `b` (no sum over one input's own index)."""
-    return _einsum_forward(subscripts, a, b, dtype)[0]
-
-
-def _einsum_forward(subscripts, a, b, dtype):
-    a_c, b_c = a.astype(dtype), b.astype(dtype)
-    y = jnp.einsum(subscripts, a_c, b_c, preferred_element_type=jnp.float32)
-    return y, (a_c, b_c, jnp.zeros((), a.dtype), jnp.zeros((), b.dtype))
-
-
-def _einsum_backward(subscripts, dtype, saved, g):
-    a_c, b_c, a_type, b_type = saved
-    inputs, out = subscripts.split("->")
-    a_axes, b_axes = inputs.split(",")
-    compute = product_dtype(dtype)
-    g, a_c, b_c = g.astype(dtype).astype(compute), a_c.astype(compute), b_c.astype(compute)
-    da = jnp.einsum(f"{out},{b_axes}->{a_axes}", g, b_c, preferred_element_type=jnp.float32)
-    db = jnp.einsum(f"{out},{a_axes}->{b_axes}", g, a_c, preferred_element_type=jnp.float32)
-    return da.astype(a_type.dtype), db.astype(b_type.dtype)
-
-
-mixed_einsum.defvjp(_einsum_forward, _einsum_backward)
 
 
 def dense(
@@ -336,59 +299,17 @@ class SelfAttention(nn.Module):
         return dense(cfg, cfg.hidden_size, out_names, "output", (-2, -1), cfg.linear_bias)(context)
 
     def _attend(self, q, k, v, inputs: layers.AttentionInputs):
-        """(B, T, A, D) scaled q, k, v -> context; blocked local inputs (a rank-5 mask): each
-        block of r queries against its 3r keys (`layers.key_blocks`), linear in T."""
-        cfg = self.config
-        mask, bias = inputs.mask, inputs.bias  # (B, 1, 1 or T, S) bool, ALiBi's or None
-        blocked = mask.ndim == 5
-        if blocked:
-            block, length = layers.local_block_size(cfg.local_attention_window), q.shape[1]
-            q = layers.query_blocks(q, block)  # (B, n, r, A, D)
-            k, v = (layers.key_blocks(y, block) for y in (k, v))  # (B, n, 3r, A, D)
-        if cfg.attention_implementation == "einsum":
-            dropout = nn.Dropout(cfg.attention_probs_dropout_prob)
-            context = self._einsum(q, k, v, mask, bias, dropout, blocked)
-        else:
-            if cfg.attention_probs_dropout_prob > 0 and not self.deterministic:
-                raise ConfigError(
-                    f"attention_implementation={cfg.attention_implementation!r} cannot apply "
-                    f"dropout to attention probabilities: training with it needs "
-                    f"attention_probs_dropout_prob=0, got {cfg.attention_probs_dropout_prob}"
-                )
-            shape = q.shape
-            if blocked:  # the blocks become batch rows: (B n, r, A, D) against (B n, 3r, A, D)
-                q, k, v, mask = (y.reshape(-1, *y.shape[2:]) for y in (q, k, v, mask))
-                if bias is not None:  # (B or 1, n, A, r, 3r) -> (B n, A, r, 3r)
-                    bias = jnp.broadcast_to(bias, (*shape[:2], *bias.shape[2:]))
-                    bias = bias.reshape(-1, *bias.shape[2:])
-            if cfg.attention_implementation == "cudnn":
-                mask = layers.cudnn_mask(mask, q.shape[1], blocked)
-            # q is already scaled (as on the einsum path), so the op's own scale is 1.
-            context = jax.nn.dot_product_attention(
-                q.astype(cfg.dtype),
-                k.astype(cfg.dtype),
-                v.astype(cfg.dtype),
-                bias=bias,
-                mask=mask,
-                scale=1.0,
-                implementation=cfg.attention_implementation,
-            )  # (B, T, A, D), blocked (B n, r, A, D)
-            context = context.reshape(shape)
-        return layers.unblock(context, length) if blocked else context
-
-    def _einsum(self, q, k, v, mask, bias, dropout, blocked=False):
-        cfg = self.config
-        scores, mix = (
-            ("bntad,bnsad->bnats", "bnats,bnsad->bntad")
-            if blocked
-            else ("btad,bsad->bats", "bats,bsad->btad")
+        """(B, T, A, D) scaled q, k, v -> context (`bert_jax.attention`)."""
+        dropout = nn.Dropout(self.config.attention_probs_dropout_prob)
+        return attention.attend(
+            self.config,
+            q,
+            k,
+            v,
+            inputs,
+            self.deterministic,
+            lambda p: dropout(p, self.deterministic),
         )
-        logits = mixed_einsum(scores, q, k, cfg.dtype)  # (B, A, T, S), blocked (B, n, A, r, 3r)
-        if bias is not None:
-            logits = logits + bias
-        probs = jax.nn.softmax(logits + attention_bias(mask), axis=-1)
-        probs = dropout(probs, self.deterministic)
-        return mixed_einsum(mix, probs, v, cfg.dtype)  # (B, T, A, D), blocked (B, n, r, A, D)
 
 
 def feed_forward(config: BertConfig, x: jax.Array) -> jax.Array:
