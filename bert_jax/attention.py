@@ -2,7 +2,8 @@
 
 `bert_jax.model.SelfAttention` projects the queries, keys and values and places rotary
 angles; this module computes softmax(q k^T + bias, masked) v. "einsum" writes it out (the
-reference), "xla" and "cudnn" call `jax.nn.dot_product_attention`. Local layers' blocked
+reference), "xla" and "cudnn" call `jax.nn.dot_product_attention`, "splash" Pallas' TPU
+kernels (`bert_jax.splash`). Local layers' blocked
 inputs (`layers.local_block_mask`, a rank-5 mask) are computed block by block: each block of
 r queries against its 3r keys (`layers.key_blocks`), linear in T.
 """
@@ -14,7 +15,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from bert_jax import layers
+from bert_jax import layers, splash
 from bert_jax.config import BertConfig, ConfigError
 
 
@@ -44,6 +45,15 @@ def attend(
     cfg = config
     mask, bias = inputs.mask, inputs.bias  # (B, 1, 1 or T, S) bool, ALiBi's or None
     blocked = mask.ndim == 5
+    if cfg.attention_implementation == "splash":
+        refuse_probability_dropout(cfg, deterministic)
+        if bias is not None or inputs.segments is None:
+            raise ConfigError(
+                "attention_implementation='splash' takes no additive bias (position_encoding"
+                "='alibi') and needs the rows' segment ids (layers.attention_inputs' segments)"
+            )
+        # Local layers' inputs are the blocked ones (`BertModel` always gives segment ids).
+        return splash.attention(cfg, q, k, v, inputs.segments, local=blocked)
     if blocked:
         block, length = layers.local_block_size(cfg.local_attention_window), q.shape[1]
         q = layers.query_blocks(q, block)  # (B, n, r, A, D)

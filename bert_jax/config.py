@@ -104,6 +104,7 @@ ATTENTION_IMPLEMENTATIONS = (
     "einsum",  # two einsums around an f32 softmax, written out here: the reference (default)
     "xla",  # jax.nn.dot_product_attention(implementation="xla"): the same math, XLA's op
     "cudnn",  # jax.nn.dot_product_attention(implementation="cudnn"): fused, GPU only
+    "splash",  # Pallas' block-sparse flash kernels (bert_jax.splash): TPU (CPU: interpreted)
 )
 
 HIDDEN_ACTS = (
@@ -184,10 +185,13 @@ class BertConfig:
     param_dtype: str = "float32"  # storage dtype of parameters (master weights)
     scan_layers: bool = False  # stack the layers under one `nn.scan` (faster compiles)
     remat_policy: str = "none"  # rematerialisation of each layer, one of REMAT_POLICIES
-    # How attention is computed, one of ATTENTION_IMPLEMENTATIONS. The two fused ones
-    # ("xla", "cudnn") cannot drop attention probabilities: training with them needs
+    # How attention is computed, one of ATTENTION_IMPLEMENTATIONS. The fused ones
+    # ("xla", "cudnn", "splash") cannot drop attention probabilities: training with them needs
     # attention_probs_dropout_prob=0 (the model refuses otherwise), a recipe change.
     attention_implementation: str = "einsum"
+    splash_block_q: int = 512  # splash's query tile in global layers (a multiple of 128; <= T)
+    splash_block_kv: int = 512  # splash's key/value tile in global layers (as splash_block_q)
+    splash_local_block: int = 128  # splash's query and key tile in local layers (as above)
     # Left-to-right attention: position t attends only positions <= t (and real tokens), the
     # paper's "LTR" ablation, in pretraining and fine-tuning alike; the pooled output is then
     # the last real token's (see `bert_jax.model.BertModel`). HF's `is_decoder`.
@@ -256,6 +260,10 @@ class BertConfig:
                 f"attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, got "
                 f"{self.attention_implementation!r}"
             )
+        for name in ("splash_block_q", "splash_block_kv", "splash_local_block"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0 or value % 128:
+                problems.append(f"{name} must be a positive multiple of 128, got {value!r}")
         size = self.embedding_size
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
             problems.append(f"embedding_size must be a positive integer or None, got {size!r}")

@@ -233,6 +233,8 @@ class AttentionInputs(NamedTuple):
     # (B or 1, A, T, S) f32 added to the logits (ALiBi), blocked (B or 1, n, A, r, 3r), or None
     bias: jax.Array | None
     rotary: tuple[jax.Array, ...] | None  # (cos, sin) each (B or 1, T, D), or None
+    # (B, T) int32 `segment_ids` (splash attention's packing and padding), or None: unknown
+    segments: jax.Array | None = None
 
 
 def attention_inputs(
@@ -259,13 +261,13 @@ def attention_inputs(
             return None
         return rotary_tables(positions, cfg.head_dim, theta)
 
-    global_inputs = AttentionInputs(mask, bias, rotary(cfg.rope_theta))
+    if segments is None and mask.shape[2] == 1 and not cfg.causal:
+        segments = mask[:, 0, 0, :].astype(jnp.int32)  # (B, S) 1 on real tokens
+    global_inputs = AttentionInputs(mask, bias, rotary(cfg.rope_theta), segments)
     window = cfg.local_attention_window
     if not window:
         return global_inputs, None
     local_rotary = rotary(cfg.local_rope_theta or cfg.rope_theta)
-    if segments is None and mask.shape[2] == 1 and not cfg.causal:
-        segments = mask[:, 0, 0, :].astype(jnp.int32)  # (B, S) 1 on real tokens
     if segments is None:
         local_mask = mask & window_mask(positions.shape[1], window)
         return global_inputs, AttentionInputs(local_mask, bias, local_rotary)
@@ -273,7 +275,7 @@ def attention_inputs(
     block_bias = None
     if cfg.position_encoding == "alibi":
         block_bias = local_block_alibi(positions, cfg.num_attention_heads, window)
-    return global_inputs, AttentionInputs(block_mask, block_bias, local_rotary)
+    return global_inputs, AttentionInputs(block_mask, block_bias, local_rotary, segments)
 
 
 def select(condition, if_true, if_false):

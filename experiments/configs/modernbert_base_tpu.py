@@ -41,6 +41,8 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): 64-way data parallel
     config.shard_weight_update = True  # each chip updates 1/64 of the train state
     config.model.remat_policy = "full"  # both phases: each layer recomputed in the backward
+    # Pallas' flash kernels, no (T, S) arrays (bert_jax.splash; issue 66): TPU-only, as this config
+    config.model.attention_implementation = "splash"
     if phase == "phase2":
         data = config.data
         data.max_seq_length = LONG_SEQ_LEN  # T of the records
