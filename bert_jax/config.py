@@ -183,6 +183,9 @@ class BertConfig:
     layer_norm_eps: float = 1e-12  # LayerNorm epsilon of the original TF code
     dtype: str = "float32"  # compute dtype of matmul inputs; accumulation is always f32
     param_dtype: str = "float32"  # storage dtype of parameters (master weights)
+    # dtype of the encoder's activations between matmuls: the residual stream, norm outputs
+    # (statistics stay f32), GeGLU, rotary; the matmuls still accumulate, softmax runs in f32
+    activation_dtype: str = "float32"
     scan_layers: bool = False  # stack the layers under one `nn.scan` (faster compiles)
     remat_policy: str = "none"  # rematerialisation of each layer, one of REMAT_POLICIES
     # How attention is computed, one of ATTENTION_IMPLEMENTATIONS. The fused ones
@@ -248,7 +251,7 @@ class BertConfig:
             )
         if self.layer_norm_eps <= 0:
             problems.append(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
-        for name in ("dtype", "param_dtype"):
+        for name in ("dtype", "param_dtype", "activation_dtype"):
             if getattr(self, name) not in _DTYPES:
                 problems.append(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
         if self.remat_policy not in REMAT_POLICIES:

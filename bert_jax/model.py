@@ -75,10 +75,11 @@ def constrain(x: jax.Array, names: tuple[str, ...]) -> jax.Array:
     return nn.with_logical_constraint(x, names)
 
 
-def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+def layer_norm(config: BertConfig, name: str, dtype=jnp.float32) -> nn.LayerNorm:
+    """LayerNorm with f32 statistics, its output in `dtype` (the encoder's: activation_dtype)."""
     return nn.LayerNorm(
         epsilon=config.layer_norm_eps,
-        dtype=jnp.float32,
+        dtype=dtype,
         param_dtype=config.param_dtype,
         scale_init=ones_init(("embed",)),
         bias_init=zeros_init(("embed",)),
@@ -100,6 +101,7 @@ class Dense(nn.Module):
     names: tuple[str | None, ...]  # logical names of the kernel's axes
     contract: int = 1
     use_bias: bool = True
+    out_dtype: str = "float32"  # the output's dtype (the encoder's layers: activation_dtype)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -107,11 +109,11 @@ class Dense(nn.Module):
         kernel_shape = x.shape[x.ndim - self.contract :] + self.features
         kernel = self.param("kernel", weight_init(cfg, self.names), kernel_shape, cfg.param_dtype)
         y = matmul(x, kernel, self.contract, cfg.dtype)
-        if not self.use_bias:
-            return y
-        out_names = self.names[self.contract :]
-        bias = self.param("bias", zeros_init(out_names), self.features, cfg.param_dtype)
-        return y + bias.astype(jnp.float32)
+        if self.use_bias:
+            out_names = self.names[self.contract :]
+            bias = self.param("bias", zeros_init(out_names), self.features, cfg.param_dtype)
+            y = y + bias.astype(jnp.float32)
+        return y.astype(self.out_dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -183,12 +185,15 @@ def dense(
     name: str,
     axis=-1,
     bias: bool = True,
+    activations: bool = False,
 ):
     """`Dense` producing `features` (an int or a tuple) from the input's `axis` dims; the
-    encoder's own layers pass `bias=config.linear_bias`, task heads keep theirs."""
+    encoder's own layers pass `bias=config.linear_bias` and `activations` (their outputs in
+    config.activation_dtype), task heads keep their biases and f32 outputs."""
     features = (features,) if isinstance(features, int) else tuple(features)
     contract = 1 if isinstance(axis, int) else len(axis)
-    return Dense(config, features, names, contract, bias, name=name)
+    out_dtype = config.activation_dtype if activations else "float32"
+    return Dense(config, features, names, contract, bias, out_dtype, name=name)
 
 
 class Embeddings(nn.Module):
@@ -218,7 +223,7 @@ class Embeddings(nn.Module):
             self.token_type_embeddings = embed(
                 cfg.type_vocab_size, embedding_init=weight_init(cfg, (None, "embed"))
             )
-        self.layer_norm = layer_norm(cfg, "layer_norm")
+        self.layer_norm = layer_norm(cfg, "layer_norm", cfg.activation_dtype)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def __call__(self, input_ids, token_type_ids, deterministic: bool, position_ids=None):
@@ -271,7 +276,7 @@ class SelfAttention(nn.Module):
         cfg = self.config
         heads = (cfg.num_attention_heads, cfg.head_dim)
         project = functools.partial(
-            dense, cfg, heads, ("embed", "heads", "kv"), bias=cfg.linear_bias
+            dense, cfg, heads, ("embed", "heads", "kv"), bias=cfg.linear_bias, activations=True
         )
         q = project("query")(x)  # (B, T, A, D)
         k = project("key")(x)
@@ -280,7 +285,8 @@ class SelfAttention(nn.Module):
         if local is not None:
             rotary = layers.select(is_global, inputs.rotary, local.rotary)
         if rotary is not None:
-            q, k = (layers.apply_rotary(y, rotary) for y in (q, k))
+            # f32 angles, the rotated values back in the activations' dtype
+            q, k = (layers.apply_rotary(y, rotary).astype(y.dtype) for y in (q, k))
         q = constrain(q, ("batch", "length", "heads", "kv"))
         k = constrain(k, ("batch", "length", "heads", "kv"))
         v = constrain(v, ("batch", "length", "heads", "kv"))
@@ -296,7 +302,10 @@ class SelfAttention(nn.Module):
             context = nn.cond(is_global, core(inputs), core(local), self, q, k, v)
         context = constrain(context, ("batch", "length", "heads", "kv"))
         out_names = ("heads", "kv", "embed")
-        return dense(cfg, cfg.hidden_size, out_names, "output", (-2, -1), cfg.linear_bias)(context)
+        output = dense(
+            cfg, cfg.hidden_size, out_names, "output", (-2, -1), cfg.linear_bias, activations=True
+        )
+        return output(context)
 
     def _attend(self, q, k, v, inputs: layers.AttentionInputs):
         """(B, T, A, D) scaled q, k, v -> context (`bert_jax.attention`)."""
@@ -323,10 +332,13 @@ def feed_forward(config: BertConfig, x: jax.Array) -> jax.Array:
         if glu
         else (cfg.intermediate_size, ("embed", "mlp"))
     )
-    h = dense(cfg, features, names, "intermediate", bias=cfg.linear_bias)(x)
+    h = dense(cfg, features, names, "intermediate", bias=cfg.linear_bias, activations=True)(x)
     h = constrain(h, ("batch", "length", *names[1:]))
     h = layers.gated(h, activation(cfg)) if glu else activation(cfg)(h)  # (B, T, F)
-    return dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output", bias=cfg.linear_bias)(h)
+    output = dense(
+        cfg, cfg.hidden_size, ("mlp", "embed"), "output", bias=cfg.linear_bias, activations=True
+    )
+    return output(h)
 
 
 class TransformerLayer(nn.Module):
@@ -352,8 +364,8 @@ class TransformerLayer(nn.Module):
         attend, local = inputs  # global layers' `AttentionInputs`, local ones' (or None)
         is_global = cfg.is_global_layer(index)
         attention = SelfAttention(cfg, self.deterministic, name="attention")
-        attention_norm = layer_norm(cfg, "attention_layer_norm")
-        output_norm = layer_norm(cfg, "output_layer_norm")
+        attention_norm = layer_norm(cfg, "attention_layer_norm", cfg.activation_dtype)
+        output_norm = layer_norm(cfg, "output_layer_norm", cfg.activation_dtype)
         if cfg.norm_placement == "pre":
             h = layers.select(index == 0, x, attention_norm(x))
             x = x + drop(attention(h, attend, local, is_global))
@@ -420,7 +432,8 @@ class Encoder(nn.Module):
                 if return_hidden:
                     hidden.append(x)
         if cfg.norm_placement == "pre":
-            x = constrain(layer_norm(cfg, "final_layer_norm")(x), ("batch", "length", "embed"))
+            final_norm = layer_norm(cfg, "final_layer_norm", cfg.activation_dtype)
+            x = constrain(final_norm(x), ("batch", "length", "embed"))
         return x, hidden
 
 
@@ -454,6 +467,7 @@ class BertModel(nn.Module):
                 ("embed", "mlp"),
                 "embeddings_project",
                 bias=self.config.linear_bias,
+                activations=True,
             )
         self.encoder = Encoder(self.config)
         if self.add_pooling_layer:

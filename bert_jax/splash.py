@@ -154,29 +154,39 @@ def _repriced(fn, costs):
     return wrapped
 
 
-def priced(kernel, costs: dict[str, pl.CostEstimate]):
-    """One example's splash call (q, k, v (A, T, D), q and kv segment ids (T,)) -> (A, T, D),
-    its forward and backward kernels carrying `costs` (`kernel_costs`)."""
+def _no_cotangent(x):
+    """The zero cotangent of a non-differentiated input (integer arrays take float0)."""
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
 
-    def run(q, k, v, q_ids, kv_ids):
+
+def priced(costs: dict[str, pl.CostEstimate]):
+    """One example's splash call (kernel, q, k, v (A, T, D), q and kv segment ids (T,)) ->
+    (A, T, D), its forward and backward kernels carrying `costs` (`kernel_costs`).
+
+    The kernel (its mask's block tables) is an argument, not a closure: a scanned layer's
+    cond traces the backward again, after the trace that built the kernel has ended."""
+
+    def run(kernel, q, k, v, q_ids, kv_ids):
         return kernel(q, k, v, segment_ids=splash.SegmentIds(q_ids, kv_ids))
 
     @jax.custom_vjp
-    def attend(q, k, v, q_ids, kv_ids):
-        return _repriced(run, costs)(q, k, v, q_ids, kv_ids)
+    def attend(kernel, q, k, v, q_ids, kv_ids):
+        return _repriced(run, costs)(kernel, q, k, v, q_ids, kv_ids)
 
-    def forward(q, k, v, q_ids, kv_ids):
-        def with_pullback(q, k, v, q_ids, kv_ids):
-            return jax.vjp(lambda *qkv: run(*qkv, q_ids, kv_ids), q, k, v)
+    def forward(kernel, q, k, v, q_ids, kv_ids):
+        def with_pullback(kernel, q, k, v, q_ids, kv_ids):
+            return jax.vjp(lambda *qkv: run(kernel, *qkv, q_ids, kv_ids), q, k, v)
 
-        out, pullback = _repriced(with_pullback, costs)(q, k, v, q_ids, kv_ids)
-        return out, (pullback, q_ids, kv_ids)
+        out, pullback = _repriced(with_pullback, costs)(kernel, q, k, v, q_ids, kv_ids)
+        return out, (pullback, kernel, q_ids, kv_ids)
 
     def backward(saved, g):
-        pullback, q_ids, kv_ids = saved
+        pullback, kernel, q_ids, kv_ids = saved
         dq, dk, dv = _repriced(lambda p, g: p(g), costs)(pullback, g)
-        no_grad = [np.zeros(ids.shape, jax.dtypes.float0) for ids in (q_ids, kv_ids)]
-        return dq, dk, dv, *no_grad
+        kernel, q_ids, kv_ids = jax.tree.map(_no_cotangent, (kernel, q_ids, kv_ids))
+        return kernel, dq, dk, dv, q_ids, kv_ids
 
     attend.defvjp(forward, backward)
     return attend
@@ -203,7 +213,7 @@ def _platform() -> str:
 
 
 def _kernel(length, heads, window, block_q, block_kv, interpret):
-    """splash's kernel for `heads` heads (built per trace: it holds the mask's arrays)."""
+    """splash's kernel for `heads` heads (a pytree: its mask's block tables)."""
     sizes = splash.BlockSizes(
         block_q=block_q,
         block_kv=block_kv,
@@ -241,9 +251,9 @@ def attention(
         heads = q.shape[2]
         kernel = _kernel(length, heads, window, block_q, block_kv, interpret)
         costs = kernel_costs(length, heads, q.shape[3], block_q, block_kv, window, dtype.itemsize)
-        one = priced(kernel, costs)
+        one = jax.vmap(priced(costs), in_axes=(None, 0, 0, 0, 0, 0))
         heads_first = [jnp.swapaxes(y.astype(dtype), 1, 2) for y in (q, k, v)]  # (b, a, T, D)
-        out = jax.vmap(one)(*heads_first, segments, segments)
+        out = one(kernel, *heads_first, segments, segments)
         return jnp.swapaxes(out, 1, 2)  # (b, T, a, D)
 
     mesh = jax.sharding.get_abstract_mesh()
