@@ -124,6 +124,27 @@ def test_kernel_and_its_gradients_equal_the_masked_einsum(window, causal):
         assert _max_error(g, w) < 1e-4, name
 
 
+def test_on_a_mesh_each_device_attends_its_rows_and_heads():
+    """Inside shard_map over the batch (data) and head (tensor) axes: the same output as
+    one device's."""
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 devices (make test runs 8 fake CPU devices)")
+    from bert_jax import sharding
+
+    ids, _, _ = _rows(LENGTHS)
+    q, k, v = jax.random.normal(jax.random.key(2), (3, 2, T, 2, 16))
+    segments = jnp.asarray(ids)
+
+    def attend(q, k, v, segments):
+        return splash.attention(CONFIG, q, k, v, segments, local=True)
+
+    want = jax.jit(attend)(q, k, v, segments)
+    mesh = sharding.create_mesh((2, 1, 2), devices=jax.devices()[:4])
+    with sharding.activation_context(mesh):
+        got = jax.jit(attend)(q, k, v, segments)
+    assert _max_error(got, want) < 1e-6
+
+
 def test_a_packed_row_equals_its_instances_run_alone():
     config = CONFIG.replace(attention_implementation="splash")
     model = BertModel(config, add_pooling_layer=False)
