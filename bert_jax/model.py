@@ -7,7 +7,8 @@ composed from the same primitives (`bert_jax.layers`); the defaults are BERT, po
 Every parameter and every block-boundary activation carries logical axis names
 (`batch length embed heads kv mlp vocab layers`); `bert_jax.sharding` maps them onto a
 device mesh. With `dtype="bfloat16"` matmul inputs are bf16 while every matmul
-accumulates in f32 and LayerNorm, softmax and the residual stream stay in f32.
+accumulates in f32 and LayerNorm, softmax and the residual stream stay in f32 (bf16 too with
+`activation_dtype="bfloat16"`: the activations between matmuls; statistics stay f32).
 """
 
 from __future__ import annotations
@@ -253,9 +254,10 @@ class Embeddings(nn.Module):
 class SelfAttention(nn.Module):
     """Multi-head self-attention under a boolean mask; softmax in f32.
 
-    `config.attention_implementation` picks the computation: "einsum" writes it out (the
-    reference), "xla" and "cudnn" call `jax.nn.dot_product_attention`, which has no dropout
-    on the attention probabilities: with them a training (non-deterministic) call needs
+    `config.attention_implementation` picks the computation (`bert_jax.attention`): "einsum"
+    writes it out (the reference), "xla" and "cudnn" call `jax.nn.dot_product_attention`,
+    "splash" Pallas' TPU kernels (`bert_jax.splash`); the fused three have no dropout on the
+    attention probabilities: with them a training (non-deterministic) call needs
     `attention_probs_dropout_prob=0`.
     """
 
