@@ -192,9 +192,11 @@ class BertConfig:
     # ("xla", "cudnn", "splash") cannot drop attention probabilities: training with them needs
     # attention_probs_dropout_prob=0 (the model refuses otherwise), a recipe change.
     attention_implementation: str = "einsum"
-    splash_block_q: int = 512  # splash's query tile in global layers (a multiple of 128; <= T)
-    splash_block_kv: int = 512  # splash's key/value tile in global layers (as splash_block_q)
-    splash_local_block: int = 128  # splash's query and key tile in local layers (as above)
+    # splash's tiles (multiples of 128, capped at T), the TPU compiler's estimate's choices
+    # (docs/tpu_modernbert.md): query and key/value tiles of global layers, local layers' tile
+    splash_block_q: int = 1024  # query tile of global layers
+    splash_block_kv: int = 1024  # key/value tile of global layers
+    splash_local_block: int = 256  # query and key/value tile of local layers
     # Left-to-right attention: position t attends only positions <= t (and real tokens), the
     # paper's "LTR" ablation, in pretraining and fine-tuning alike; the pooled output is then
     # the last real token's (see `bert_jax.model.BertModel`). HF's `is_decoder`.
