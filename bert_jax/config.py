@@ -104,6 +104,7 @@ ATTENTION_IMPLEMENTATIONS = (
     "einsum",  # two einsums around an f32 softmax, written out here: the reference (default)
     "xla",  # jax.nn.dot_product_attention(implementation="xla"): the same math, XLA's op
     "cudnn",  # jax.nn.dot_product_attention(implementation="cudnn"): fused, GPU only
+    "splash",  # Pallas' block-sparse flash kernels (bert_jax.splash): TPU (CPU: interpreted)
 )
 
 HIDDEN_ACTS = (
@@ -182,12 +183,20 @@ class BertConfig:
     layer_norm_eps: float = 1e-12  # LayerNorm epsilon of the original TF code
     dtype: str = "float32"  # compute dtype of matmul inputs; accumulation is always f32
     param_dtype: str = "float32"  # storage dtype of parameters (master weights)
+    # dtype of the encoder's activations between matmuls: the residual stream, norm outputs
+    # (statistics stay f32), GeGLU, rotary; the matmuls still accumulate, softmax runs in f32
+    activation_dtype: str = "float32"
     scan_layers: bool = False  # stack the layers under one `nn.scan` (faster compiles)
     remat_policy: str = "none"  # rematerialisation of each layer, one of REMAT_POLICIES
-    # How attention is computed, one of ATTENTION_IMPLEMENTATIONS. The two fused ones
-    # ("xla", "cudnn") cannot drop attention probabilities: training with them needs
+    # How attention is computed, one of ATTENTION_IMPLEMENTATIONS. The fused ones
+    # ("xla", "cudnn", "splash") cannot drop attention probabilities: training with them needs
     # attention_probs_dropout_prob=0 (the model refuses otherwise), a recipe change.
     attention_implementation: str = "einsum"
+    # splash's tiles (multiples of 128, capped at T), the TPU compiler's estimate's choices
+    # (docs/tpu_modernbert.md): query and key/value tiles of global layers, local layers' tile
+    splash_block_q: int = 1024  # query tile of global layers
+    splash_block_kv: int = 1024  # key/value tile of global layers
+    splash_local_block: int = 256  # query and key/value tile of local layers
     # Left-to-right attention: position t attends only positions <= t (and real tokens), the
     # paper's "LTR" ablation, in pretraining and fine-tuning alike; the pooled output is then
     # the last real token's (see `bert_jax.model.BertModel`). HF's `is_decoder`.
@@ -244,7 +253,7 @@ class BertConfig:
             )
         if self.layer_norm_eps <= 0:
             problems.append(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
-        for name in ("dtype", "param_dtype"):
+        for name in ("dtype", "param_dtype", "activation_dtype"):
             if getattr(self, name) not in _DTYPES:
                 problems.append(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
         if self.remat_policy not in REMAT_POLICIES:
@@ -256,6 +265,10 @@ class BertConfig:
                 f"attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, got "
                 f"{self.attention_implementation!r}"
             )
+        for name in ("splash_block_q", "splash_block_kv", "splash_local_block"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0 or value % 128:
+                problems.append(f"{name} must be a positive multiple of 128, got {value!r}")
         size = self.embedding_size
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
             problems.append(f"embedding_size must be a positive integer or None, got {size!r}")

@@ -9,6 +9,7 @@ feed-forward (GeGLU, Shazeer 2020).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -232,6 +233,8 @@ class AttentionInputs(NamedTuple):
     # (B or 1, A, T, S) f32 added to the logits (ALiBi), blocked (B or 1, n, A, r, 3r), or None
     bias: jax.Array | None
     rotary: tuple[jax.Array, ...] | None  # (cos, sin) each (B or 1, T, D), or None
+    # (B, T) int32 `segment_ids` (splash attention's packing and padding), or None: unknown
+    segments: jax.Array | None = None
 
 
 def attention_inputs(
@@ -258,13 +261,13 @@ def attention_inputs(
             return None
         return rotary_tables(positions, cfg.head_dim, theta)
 
-    global_inputs = AttentionInputs(mask, bias, rotary(cfg.rope_theta))
+    if segments is None and mask.shape[2] == 1 and not cfg.causal:
+        segments = mask[:, 0, 0, :].astype(jnp.int32)  # (B, S) 1 on real tokens
+    global_inputs = AttentionInputs(mask, bias, rotary(cfg.rope_theta), segments)
     window = cfg.local_attention_window
     if not window:
         return global_inputs, None
     local_rotary = rotary(cfg.local_rope_theta or cfg.rope_theta)
-    if segments is None and mask.shape[2] == 1 and not cfg.causal:
-        segments = mask[:, 0, 0, :].astype(jnp.int32)  # (B, S) 1 on real tokens
     if segments is None:
         local_mask = mask & window_mask(positions.shape[1], window)
         return global_inputs, AttentionInputs(local_mask, bias, local_rotary)
@@ -272,7 +275,7 @@ def attention_inputs(
     block_bias = None
     if cfg.position_encoding == "alibi":
         block_bias = local_block_alibi(positions, cfg.num_attention_heads, window)
-    return global_inputs, AttentionInputs(block_mask, block_bias, local_rotary)
+    return global_inputs, AttentionInputs(block_mask, block_bias, local_rotary, segments)
 
 
 def select(condition, if_true, if_false):
@@ -282,3 +285,40 @@ def select(condition, if_true, if_false):
     if isinstance(condition, bool | np.bool_):
         return if_true if condition else if_false
     return jax.tree.map(lambda a, b: jnp.where(condition, a, b), if_true, if_false)
+
+
+def product_dtype(dtype):
+    """The dtype the backward's products multiply in, their operands rounded to `dtype`:
+    `dtype` itself on an accelerator; f32 on XLA:CPU, which has no bf16 x bf16 -> f32 kernel
+    for some of the backward's layouts ("Unsupported element type for DotThunk"). A product
+    of two bf16 values is exact in f32, so both accumulate the same terms."""
+    return jnp.float32 if jax.default_backend() == "cpu" else dtype
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def mixed_einsum(subscripts: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """`jnp.einsum(subscripts, a, b)` as `matmul` computes a product: both inputs cast to
+    `dtype`, accumulated and returned in f32, and the backward's products `dtype` x `dtype`
+    (the incoming gradient cast too), accumulated in f32. Every index of `a` must appear in
+    `b` or the output, and likewise for `b` (no sum over one input's own index)."""
+    return _einsum_forward(subscripts, a, b, dtype)[0]
+
+
+def _einsum_forward(subscripts, a, b, dtype):
+    a_c, b_c = a.astype(dtype), b.astype(dtype)
+    y = jnp.einsum(subscripts, a_c, b_c, preferred_element_type=jnp.float32)
+    return y, (a_c, b_c, jnp.zeros((), a.dtype), jnp.zeros((), b.dtype))
+
+
+def _einsum_backward(subscripts, dtype, saved, g):
+    a_c, b_c, a_type, b_type = saved
+    inputs, out = subscripts.split("->")
+    a_axes, b_axes = inputs.split(",")
+    compute = product_dtype(dtype)
+    g, a_c, b_c = g.astype(dtype).astype(compute), a_c.astype(compute), b_c.astype(compute)
+    da = jnp.einsum(f"{out},{b_axes}->{a_axes}", g, b_c, preferred_element_type=jnp.float32)
+    db = jnp.einsum(f"{out},{a_axes}->{b_axes}", g, a_c, preferred_element_type=jnp.float32)
+    return da.astype(a_type.dtype), db.astype(b_type.dtype)
+
+
+mixed_einsum.defvjp(_einsum_forward, _einsum_backward)

@@ -7,7 +7,8 @@ composed from the same primitives (`bert_jax.layers`); the defaults are BERT, po
 Every parameter and every block-boundary activation carries logical axis names
 (`batch length embed heads kv mlp vocab layers`); `bert_jax.sharding` maps them onto a
 device mesh. With `dtype="bfloat16"` matmul inputs are bf16 while every matmul
-accumulates in f32 and LayerNorm, softmax and the residual stream stay in f32.
+accumulates in f32 and LayerNorm, softmax and the residual stream stay in f32 (bf16 too with
+`activation_dtype="bfloat16"`: the activations between matmuls; statistics stay f32).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax import layers
-from bert_jax.config import BertConfig, ConfigError
-from bert_jax.layers import attention_bias, attention_mask, last_token_positions
+from bert_jax import attention, layers
+from bert_jax.config import BertConfig
+from bert_jax.layers import attention_mask, last_token_positions
 
 
 def weight_init(config: BertConfig, names: tuple[str, ...]):
@@ -75,10 +76,11 @@ def constrain(x: jax.Array, names: tuple[str, ...]) -> jax.Array:
     return nn.with_logical_constraint(x, names)
 
 
-def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+def layer_norm(config: BertConfig, name: str, dtype=jnp.float32) -> nn.LayerNorm:
+    """LayerNorm with f32 statistics, its output in `dtype` (the encoder's: activation_dtype)."""
     return nn.LayerNorm(
         epsilon=config.layer_norm_eps,
-        dtype=jnp.float32,
+        dtype=dtype,
         param_dtype=config.param_dtype,
         scale_init=ones_init(("embed",)),
         bias_init=zeros_init(("embed",)),
@@ -100,6 +102,7 @@ class Dense(nn.Module):
     names: tuple[str | None, ...]  # logical names of the kernel's axes
     contract: int = 1
     use_bias: bool = True
+    out_dtype: str = "float32"  # the output's dtype (the encoder's layers: activation_dtype)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -107,11 +110,11 @@ class Dense(nn.Module):
         kernel_shape = x.shape[x.ndim - self.contract :] + self.features
         kernel = self.param("kernel", weight_init(cfg, self.names), kernel_shape, cfg.param_dtype)
         y = matmul(x, kernel, self.contract, cfg.dtype)
-        if not self.use_bias:
-            return y
-        out_names = self.names[self.contract :]
-        bias = self.param("bias", zeros_init(out_names), self.features, cfg.param_dtype)
-        return y + bias.astype(jnp.float32)
+        if self.use_bias:
+            out_names = self.names[self.contract :]
+            bias = self.param("bias", zeros_init(out_names), self.features, cfg.param_dtype)
+            y = y + bias.astype(jnp.float32)
+        return y.astype(self.out_dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -146,17 +149,9 @@ def _matmul_forward(x, kernel, contract, dtype):
     return y, (x_c, kernel_c, jnp.zeros((), x.dtype), jnp.zeros((), kernel.dtype))
 
 
-def product_dtype(dtype):
-    """The dtype the backward's products multiply in, their operands rounded to `dtype`:
-    `dtype` itself on an accelerator; f32 on XLA:CPU, which has no bf16 x bf16 -> f32 kernel
-    for some of the backward's layouts ("Unsupported element type for DotThunk"). A product
-    of two bf16 values is exact in f32, so both accumulate the same terms."""
-    return jnp.float32 if jax.default_backend() == "cpu" else dtype
-
-
 def _matmul_backward(contract, dtype, saved, g):
     x_c, kernel_c, x_type, kernel_type = saved
-    compute = product_dtype(dtype)
+    compute = layers.product_dtype(dtype)
     g, x_c, kernel_c = (
         g.astype(dtype).astype(compute),
         x_c.astype(compute),
@@ -184,35 +179,6 @@ def _matmul_backward(contract, dtype, saved, g):
 matmul.defvjp(_matmul_forward, _matmul_backward)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
-def mixed_einsum(subscripts: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
-    """`jnp.einsum(subscripts, a, b)` as `matmul` computes a product: both inputs cast to
-    `dtype`, accumulated and returned in f32, and the backward's products `dtype` x `dtype`
-    (the incoming gradient cast too), accumulated in f32. Every index of `a` must appear in
-    `b` or the output, and likewise for `b` (no sum over one input's own index)."""
-    return _einsum_forward(subscripts, a, b, dtype)[0]
-
-
-def _einsum_forward(subscripts, a, b, dtype):
-    a_c, b_c = a.astype(dtype), b.astype(dtype)
-    y = jnp.einsum(subscripts, a_c, b_c, preferred_element_type=jnp.float32)
-    return y, (a_c, b_c, jnp.zeros((), a.dtype), jnp.zeros((), b.dtype))
-
-
-def _einsum_backward(subscripts, dtype, saved, g):
-    a_c, b_c, a_type, b_type = saved
-    inputs, out = subscripts.split("->")
-    a_axes, b_axes = inputs.split(",")
-    compute = product_dtype(dtype)
-    g, a_c, b_c = g.astype(dtype).astype(compute), a_c.astype(compute), b_c.astype(compute)
-    da = jnp.einsum(f"{out},{b_axes}->{a_axes}", g, b_c, preferred_element_type=jnp.float32)
-    db = jnp.einsum(f"{out},{a_axes}->{b_axes}", g, a_c, preferred_element_type=jnp.float32)
-    return da.astype(a_type.dtype), db.astype(b_type.dtype)
-
-
-mixed_einsum.defvjp(_einsum_forward, _einsum_backward)
-
-
 def dense(
     config: BertConfig,
     features,
@@ -220,12 +186,15 @@ def dense(
     name: str,
     axis=-1,
     bias: bool = True,
+    activations: bool = False,
 ):
     """`Dense` producing `features` (an int or a tuple) from the input's `axis` dims; the
-    encoder's own layers pass `bias=config.linear_bias`, task heads keep theirs."""
+    encoder's own layers pass `bias=config.linear_bias` and `activations` (their outputs in
+    config.activation_dtype), task heads keep their biases and f32 outputs."""
     features = (features,) if isinstance(features, int) else tuple(features)
     contract = 1 if isinstance(axis, int) else len(axis)
-    return Dense(config, features, names, contract, bias, name=name)
+    out_dtype = config.activation_dtype if activations else "float32"
+    return Dense(config, features, names, contract, bias, out_dtype, name=name)
 
 
 class Embeddings(nn.Module):
@@ -255,7 +224,7 @@ class Embeddings(nn.Module):
             self.token_type_embeddings = embed(
                 cfg.type_vocab_size, embedding_init=weight_init(cfg, (None, "embed"))
             )
-        self.layer_norm = layer_norm(cfg, "layer_norm")
+        self.layer_norm = layer_norm(cfg, "layer_norm", cfg.activation_dtype)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def __call__(self, input_ids, token_type_ids, deterministic: bool, position_ids=None):
@@ -285,9 +254,10 @@ class Embeddings(nn.Module):
 class SelfAttention(nn.Module):
     """Multi-head self-attention under a boolean mask; softmax in f32.
 
-    `config.attention_implementation` picks the computation: "einsum" writes it out (the
-    reference), "xla" and "cudnn" call `jax.nn.dot_product_attention`, which has no dropout
-    on the attention probabilities: with them a training (non-deterministic) call needs
+    `config.attention_implementation` picks the computation (`bert_jax.attention`): "einsum"
+    writes it out (the reference), "xla" and "cudnn" call `jax.nn.dot_product_attention`,
+    "splash" Pallas' TPU kernels (`bert_jax.splash`); the fused three have no dropout on the
+    attention probabilities: with them a training (non-deterministic) call needs
     `attention_probs_dropout_prob=0`.
     """
 
@@ -308,7 +278,7 @@ class SelfAttention(nn.Module):
         cfg = self.config
         heads = (cfg.num_attention_heads, cfg.head_dim)
         project = functools.partial(
-            dense, cfg, heads, ("embed", "heads", "kv"), bias=cfg.linear_bias
+            dense, cfg, heads, ("embed", "heads", "kv"), bias=cfg.linear_bias, activations=True
         )
         q = project("query")(x)  # (B, T, A, D)
         k = project("key")(x)
@@ -317,7 +287,8 @@ class SelfAttention(nn.Module):
         if local is not None:
             rotary = layers.select(is_global, inputs.rotary, local.rotary)
         if rotary is not None:
-            q, k = (layers.apply_rotary(y, rotary) for y in (q, k))
+            # f32 angles, the rotated values back in the activations' dtype
+            q, k = (layers.apply_rotary(y, rotary).astype(y.dtype) for y in (q, k))
         q = constrain(q, ("batch", "length", "heads", "kv"))
         k = constrain(k, ("batch", "length", "heads", "kv"))
         v = constrain(v, ("batch", "length", "heads", "kv"))
@@ -333,62 +304,23 @@ class SelfAttention(nn.Module):
             context = nn.cond(is_global, core(inputs), core(local), self, q, k, v)
         context = constrain(context, ("batch", "length", "heads", "kv"))
         out_names = ("heads", "kv", "embed")
-        return dense(cfg, cfg.hidden_size, out_names, "output", (-2, -1), cfg.linear_bias)(context)
+        output = dense(
+            cfg, cfg.hidden_size, out_names, "output", (-2, -1), cfg.linear_bias, activations=True
+        )
+        return output(context)
 
     def _attend(self, q, k, v, inputs: layers.AttentionInputs):
-        """(B, T, A, D) scaled q, k, v -> context; blocked local inputs (a rank-5 mask): each
-        block of r queries against its 3r keys (`layers.key_blocks`), linear in T."""
-        cfg = self.config
-        mask, bias = inputs.mask, inputs.bias  # (B, 1, 1 or T, S) bool, ALiBi's or None
-        blocked = mask.ndim == 5
-        if blocked:
-            block, length = layers.local_block_size(cfg.local_attention_window), q.shape[1]
-            q = layers.query_blocks(q, block)  # (B, n, r, A, D)
-            k, v = (layers.key_blocks(y, block) for y in (k, v))  # (B, n, 3r, A, D)
-        if cfg.attention_implementation == "einsum":
-            dropout = nn.Dropout(cfg.attention_probs_dropout_prob)
-            context = self._einsum(q, k, v, mask, bias, dropout, blocked)
-        else:
-            if cfg.attention_probs_dropout_prob > 0 and not self.deterministic:
-                raise ConfigError(
-                    f"attention_implementation={cfg.attention_implementation!r} cannot apply "
-                    f"dropout to attention probabilities: training with it needs "
-                    f"attention_probs_dropout_prob=0, got {cfg.attention_probs_dropout_prob}"
-                )
-            shape = q.shape
-            if blocked:  # the blocks become batch rows: (B n, r, A, D) against (B n, 3r, A, D)
-                q, k, v, mask = (y.reshape(-1, *y.shape[2:]) for y in (q, k, v, mask))
-                if bias is not None:  # (B or 1, n, A, r, 3r) -> (B n, A, r, 3r)
-                    bias = jnp.broadcast_to(bias, (*shape[:2], *bias.shape[2:]))
-                    bias = bias.reshape(-1, *bias.shape[2:])
-            if cfg.attention_implementation == "cudnn":
-                mask = layers.cudnn_mask(mask, q.shape[1], blocked)
-            # q is already scaled (as on the einsum path), so the op's own scale is 1.
-            context = jax.nn.dot_product_attention(
-                q.astype(cfg.dtype),
-                k.astype(cfg.dtype),
-                v.astype(cfg.dtype),
-                bias=bias,
-                mask=mask,
-                scale=1.0,
-                implementation=cfg.attention_implementation,
-            )  # (B, T, A, D), blocked (B n, r, A, D)
-            context = context.reshape(shape)
-        return layers.unblock(context, length) if blocked else context
-
-    def _einsum(self, q, k, v, mask, bias, dropout, blocked=False):
-        cfg = self.config
-        scores, mix = (
-            ("bntad,bnsad->bnats", "bnats,bnsad->bntad")
-            if blocked
-            else ("btad,bsad->bats", "bats,bsad->btad")
+        """(B, T, A, D) scaled q, k, v -> context (`bert_jax.attention`)."""
+        dropout = nn.Dropout(self.config.attention_probs_dropout_prob)
+        return attention.attend(
+            self.config,
+            q,
+            k,
+            v,
+            inputs,
+            self.deterministic,
+            lambda p: dropout(p, self.deterministic),
         )
-        logits = mixed_einsum(scores, q, k, cfg.dtype)  # (B, A, T, S), blocked (B, n, A, r, 3r)
-        if bias is not None:
-            logits = logits + bias
-        probs = jax.nn.softmax(logits + attention_bias(mask), axis=-1)
-        probs = dropout(probs, self.deterministic)
-        return mixed_einsum(mix, probs, v, cfg.dtype)  # (B, T, A, D), blocked (B, n, r, A, D)
 
 
 def feed_forward(config: BertConfig, x: jax.Array) -> jax.Array:
@@ -402,10 +334,13 @@ def feed_forward(config: BertConfig, x: jax.Array) -> jax.Array:
         if glu
         else (cfg.intermediate_size, ("embed", "mlp"))
     )
-    h = dense(cfg, features, names, "intermediate", bias=cfg.linear_bias)(x)
+    h = dense(cfg, features, names, "intermediate", bias=cfg.linear_bias, activations=True)(x)
     h = constrain(h, ("batch", "length", *names[1:]))
     h = layers.gated(h, activation(cfg)) if glu else activation(cfg)(h)  # (B, T, F)
-    return dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output", bias=cfg.linear_bias)(h)
+    output = dense(
+        cfg, cfg.hidden_size, ("mlp", "embed"), "output", bias=cfg.linear_bias, activations=True
+    )
+    return output(h)
 
 
 class TransformerLayer(nn.Module):
@@ -431,8 +366,8 @@ class TransformerLayer(nn.Module):
         attend, local = inputs  # global layers' `AttentionInputs`, local ones' (or None)
         is_global = cfg.is_global_layer(index)
         attention = SelfAttention(cfg, self.deterministic, name="attention")
-        attention_norm = layer_norm(cfg, "attention_layer_norm")
-        output_norm = layer_norm(cfg, "output_layer_norm")
+        attention_norm = layer_norm(cfg, "attention_layer_norm", cfg.activation_dtype)
+        output_norm = layer_norm(cfg, "output_layer_norm", cfg.activation_dtype)
         if cfg.norm_placement == "pre":
             h = layers.select(index == 0, x, attention_norm(x))
             x = x + drop(attention(h, attend, local, is_global))
@@ -499,7 +434,8 @@ class Encoder(nn.Module):
                 if return_hidden:
                     hidden.append(x)
         if cfg.norm_placement == "pre":
-            x = constrain(layer_norm(cfg, "final_layer_norm")(x), ("batch", "length", "embed"))
+            final_norm = layer_norm(cfg, "final_layer_norm", cfg.activation_dtype)
+            x = constrain(final_norm(x), ("batch", "length", "embed"))
         return x, hidden
 
 
@@ -533,6 +469,7 @@ class BertModel(nn.Module):
                 ("embed", "mlp"),
                 "embeddings_project",
                 bias=self.config.linear_bias,
+                activations=True,
             )
         self.encoder = Encoder(self.config)
         if self.add_pooling_layer:

@@ -12,7 +12,9 @@ memory (XLA's `memory_analysis`) against the chip's HBM, the model FLOPs of one 
 (computed analytically: XLA's cost analysis counts a scanned layer body once), the
 projected time to train at a stated model-FLOPs utilisation, and the TPU compiler's own
 estimate of the step's time (its cost model's `optimal_seconds`), the MFU that implies
-and the days to train at it. The cost model too counts a scanned loop body once, so the
+and the days to train at it, and the FLOPs the cost model counts against the model's (below
+1x, something, e.g. a Pallas kernel without a cost estimate, is priced at zero and the
+estimate is too low). The cost model too counts a scanned loop body once, so the
 estimate comes from the same step compiled with its layers unrolled (`scan_layers=False`;
 the memory fit stays the config's own); on v4 and v5e the -1 s the cost model counts for
 each op it cannot cost is taken back out (`UNCOSTED_OPS`). The exit status is 1 when the
@@ -153,6 +155,13 @@ def bytes_accessed(compiled) -> float | None:
     return float(value) if value else None
 
 
+def cost_model_flops(compiled) -> float | None:
+    """The FLOPs one run of `compiled` performs per device, by the cost model (what its time
+    estimate prices: a Pallas kernel without a cost estimate counts zero)."""
+    value = _costs(compiled).get("flops")
+    return float(value) if value else None
+
+
 def optimal_seconds(compiled) -> float | None:
     """The TPU compiler's estimate of one run of `compiled` in seconds (its cost model's
     `optimal_seconds`, with the -1 s it counts for each of `UNCOSTED_OPS` taken back out);
@@ -210,6 +219,8 @@ class FitReport:
     compiler_step_seconds: float | None = None
     # The cost model's HBM bytes read and written per device by that step; None: unknown.
     compiler_bytes: float | None = None
+    # The cost model's FLOPs per device of that step; None: unknown.
+    compiler_flops: float | None = None
     layout: str = ""  # what was compiled: mesh, weight update, remat, scan (`layout_of`)
     estimated: bool = True  # whether the compiler's estimate was asked for
     tokens_per_step: int = 0  # token slots of a step's rows (global batch x sequence length)
@@ -226,6 +237,15 @@ class FitReport:
             self.peak_flops_per_device,
             self.num_devices,
         )
+
+    @property
+    def cost_model_ratio(self) -> float | None:
+        """The cost model's FLOPs of the whole step over the analytic model FLOPs: below 1,
+        something is priced at less than its work (a Pallas kernel without a cost estimate
+        counts zero), so the time estimate is too low."""
+        if not self.compiler_flops:
+            return None
+        return self.compiler_flops * self.num_devices / self.flops_per_step
 
     @property
     def compiler_days(self) -> float | None:
@@ -285,6 +305,20 @@ class FitReport:
             f"{100 * (1 - HBM_HEADROOM):.1f}% is usable)",
             f"model FLOPs per step  {self.flops_per_step:.4g} (analytic: 6 x params-in-matmuls "
             f"x tokens + attention)",
+        ]
+        ratio = self.cost_model_ratio
+        if ratio is not None:
+            lines.append(
+                f"cost model FLOPs {self.compiler_flops * self.num_devices:.4g} ({ratio:.2f}x "
+                f"the model FLOPs)"
+            )
+            if ratio < 1:
+                lines.append(
+                    "  WARNING: the cost model counts fewer FLOPs than the model has: some of "
+                    "the step (a Pallas kernel without a cost estimate?) is priced at zero, so "
+                    "the compiler's time estimate below is too low"
+                )
+        lines += [
             f"projected at MFU {mfu:.0%}: {step_seconds * 1e3:.1f} ms/step, {self.steps:,} steps "
             f"= {duration(self.days(mfu))}",
         ]
@@ -382,13 +416,17 @@ def unrolled(config):
     return config
 
 
-def estimate_step(config, devices, compiled_train) -> tuple[float | None, float | None]:
-    """The compiler's estimate of one train step (seconds, HBM bytes per device): from
+def estimate_step(config, devices, compiled_train) -> tuple[float | None, ...]:
+    """The compiler's estimate of one train step (seconds, HBM bytes and FLOPs per device): from
     `compiled_train` when its layers are unrolled, else from the step compiled again
     unrolled (the cost model counts a scanned body once)."""
     if config.model.scan_layers:
         compiled_train, _, _, _ = compile_steps(unrolled(config), devices, evaluate=False)
-    return optimal_seconds(compiled_train), bytes_accessed(compiled_train)
+    return (
+        optimal_seconds(compiled_train),
+        bytes_accessed(compiled_train),
+        cost_model_flops(compiled_train),
+    )
 
 
 def layout_of(config, mesh_shape: dict[str, int]) -> str:
@@ -411,8 +449,8 @@ def check(config, topology: str, estimate: bool = True) -> FitReport:
     kind = devices[0].device_kind
     start = time.perf_counter()
     compiled_train, compiled_eval, mesh, cfg = compile_steps(config, devices)
-    step_seconds, traffic = (
-        estimate_step(config, devices, compiled_train) if estimate else (None, None)
+    step_seconds, traffic, cost_flops = (
+        estimate_step(config, devices, compiled_train) if estimate else (None, None, None)
     )
     seconds = time.perf_counter() - start
     data = config.data
@@ -431,6 +469,7 @@ def check(config, topology: str, estimate: bool = True) -> FitReport:
         compile_seconds=seconds,
         compiler_step_seconds=step_seconds,
         compiler_bytes=traffic,
+        compiler_flops=cost_flops,
         layout=layout_of(config, dict(mesh.shape)),
         estimated=estimate,
         tokens_per_step=config.global_batch_size * data.max_seq_length,

@@ -222,6 +222,25 @@ def test_the_report_names_the_layout_it_measured_and_the_traffic():
     assert "HBM traffic by the cost model: 12.2 GB per device per step" in text
 
 
+def test_the_report_sets_the_cost_models_flops_against_the_model_flops():
+    assert aot_compile.cost_model_flops(_Compiled({"flops": 4.5e11})) == 4.5e11
+    assert aot_compile.cost_model_flops(_Compiled({"optimal_seconds": 0.1})) is None
+    report = _report(7 * GiB, step_seconds=0.0287)
+    # 128 devices x 5.0e11 = 6.4e13 against the model's 6.16e13: 1.04x, every op priced.
+    report.compiler_flops = 5.0e11
+    text = report.format(mfu=0.4)
+    assert "model FLOPs per step  6.16e+13" in text
+    assert "cost model FLOPs 6.4e+13 (1.04x the model FLOPs)" in text
+    assert "WARNING" not in text
+    # An attention kernel priced at zero: the cost model counts less work than the model.
+    report.compiler_flops = 2.0e11
+    text = report.format(mfu=0.4)
+    assert "cost model FLOPs 2.56e+13 (0.42x the model FLOPs)" in text
+    assert "WARNING: the cost model counts fewer FLOPs than the model has" in text
+    report.compiler_flops = None  # --noestimate, or no cost analysis: no line
+    assert "cost model FLOPs" not in report.format(mfu=0.4)
+
+
 def test_real_tokens_per_second_at_the_estimate_count_only_what_is_not_padding():
     report = _report(7 * GiB, step_seconds=0.02)
     report.tokens_per_step = 256 * 128

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from jax.extend import core as jax_core
 
-from bert_jax import model as model_lib
+from bert_jax import layers as layers_lib
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
-from bert_jax.model import mixed_einsum
+from bert_jax.layers import mixed_einsum
 
 CONFIG = BertConfig(
     vocab_size=97,
@@ -81,9 +81,9 @@ def dot_operand_dtypes(jaxpr) -> list[tuple[str, str]]:
 def test_every_product_of_a_bf16_train_step_is_bf16(monkeypatch, scan_layers, packed):
     """Forward and backward (the dense layers, the attention einsums, the tied MLM decoder):
     no f32 operand, which a GPU would multiply as a TF32 GEMM at half the bf16 rate. Traced
-    as for an accelerator (`model.product_dtype`; a CPU multiplies the backward's rounded
+    as for an accelerator (`layers.product_dtype`; a CPU multiplies the backward's rounded
     operands in f32, run below)."""
-    monkeypatch.setattr(model_lib, "product_dtype", lambda dtype: dtype)
+    monkeypatch.setattr(layers_lib, "product_dtype", lambda dtype: dtype)
     model = BertForPreTraining(CONFIG.replace(dtype="bfloat16", scan_layers=scan_layers))
     ids, mask, types, positions = _inputs()
     packing = _packing(mask) if packed else {}

@@ -49,6 +49,8 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.data_dir = bucket + "/modern"  # ModernBERT's records (modernbert_base.py's layout)
     config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): 64-way data parallel
     config.shard_weight_update = True  # each chip updates 1/64 of the train state
+    # Pallas' flash kernels, no (T, S) arrays (bert_jax.splash; issue 66): TPU-only, as this config
+    config.model.attention_implementation = "splash"
     if phase == "phase1":
         opt = config.optimizer
         opt.grad_accum_steps = GRAD_ACCUM  # the paper's 4,608 per update, 1,152 per micro-step
