@@ -215,7 +215,8 @@ def train_bpe(
         **roles,
         "mask_token": mask,
         "clean_up_tokenization_spaces": False,
-        "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+        # ModernBERT's: no token types (its models take none; pairs differ by [SEP] alone).
+        "model_input_names": ["input_ids", "attention_mask"],
     }
     directory = os.path.dirname(os.path.abspath(output_file))
     _write_json(os.path.join(directory, "special_tokens_map.json"), {**roles, "mask_token": mask})

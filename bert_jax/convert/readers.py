@@ -272,8 +272,10 @@ def read_train_state(path: str) -> tuple[BertConfig, Params, dict, str | None, i
     objective = experiment.get("objective") or "mlm_nsp"  # configs older than the key
     config = BertConfig.from_experiment(model, vocab_size=table.shape[0], objective=objective)
     vocab_file = (experiment.get("data") or {}).get("vocab_file")
-    if not (vocab_file and vocab_file.endswith(".txt") and os.path.exists(vocab_file)):
+    if not (vocab_file and os.path.exists(vocab_file)):
         vocab_file = None
+    elif os.path.isdir(vocab_file):  # a tokenizer directory: its file
+        vocab_file = _found_vocab(vocab_file)
     return config, params, experiment, vocab_file, step
 
 
