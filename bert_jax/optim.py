@@ -3,6 +3,8 @@
 - `adamw`: the original BERT `AdamWeightDecayOptimizer` (Adam without bias correction,
   decoupled weight decay skipped for LayerNorm parameters and biases).
 - `lamb`: LAMB for large-batch pretraining (You et al. 2019), optax's pieces.
+- `stable_adamw`: AdamW whose step each tensor scales down by its gradient's RMS against
+  Adam's second moment (Wortsman et al. 2023; ModernBERT's optimizer, Warner et al. 2024).
 All are preceded by global-norm clipping and may accumulate gradients over micro-steps. Each
 may store its first moment in bf16 (`mu_dtype`, optax's name): the update is computed in
 f32 from the f32 moment of the step, which is then rounded for storage (MLPerf BERT's
@@ -142,29 +144,166 @@ def _with_masked_decay(
     )
 
 
+# Per-tensor update clipping (`clip_by_gradient_rms`) --------------------------------------
+
+# The Encoder's scanned layers (`scan_layers=True`) stack each layer's tensor on axis 0 under
+# this name (`bert_jax.model.Encoder`): one leaf, `num_hidden_layers` tensors.
+STACKED_LAYERS = "layers"
+
+
+def stacked_mask(params: Any) -> Any:
+    """True for the leaves that stack one tensor per layer on axis 0 (scanned layers)."""
+
+    def stacked(path, _):
+        return STACKED_LAYERS in [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+
+    return jax.tree_util.tree_map_with_path(stacked, params)
+
+
+def gradient_rms(grad: jax.Array, nu_hat: jax.Array, eps: float, stacked: bool) -> jax.Array:
+    """sqrt(mean(g^2 / max(v_hat, eps^2))) of one tensor, or of each layer's (`stacked`:
+    one value per index of axis 0, shaped to broadcast against `grad`), in f32."""
+    ratio = jnp.square(grad.astype(jnp.float32)) / jnp.maximum(
+        nu_hat.astype(jnp.float32), eps * eps
+    )
+    axes = tuple(range(1, ratio.ndim)) if stacked and ratio.ndim > 0 else None
+    return jnp.sqrt(jnp.mean(ratio, axis=axes, keepdims=stacked))
+
+
+def clip_by_gradient_rms(
+    inner: optax.GradientTransformation, b2: float, eps: float
+) -> optax.GradientTransformation:
+    """Scales each tensor's output of `inner` by 1 / max(1, RMS), RMS = `gradient_rms` of the
+    raw gradient against the bias-corrected second moment of `inner`'s Adam (its state's
+    `nu` and `count`, after this step's update).
+
+    The update clipping of Wortsman et al. 2023 ("Stable and low-precision training for
+    large-scale vision-language models", Algorithm 1, from AdaFactor): when a tensor's
+    gradient is large against what Adam's second moment has seen (v lags g after a spike),
+    its whole step shrinks, weight decay included, instead of Adam's per-element steps of
+    up to lr. RMS is 1 on the first step (v_hat = g^2). Scanned layers' stacked leaves are
+    clipped per layer (`stacked_mask`), as the looped model's tensors are.
+    """
+
+    def update(updates, state, params=None):
+        grads = updates
+        updates, state = inner.update(grads, state, params)
+        nu = optax.tree_utils.tree_get(state, "nu")
+        count = optax.tree_utils.tree_get(state, "count")
+        nu_hat = optax.tree_utils.tree_bias_correction(nu, b2, count)
+        stacked = stacked_mask(grads)
+
+        def clip(u, g, v, s):
+            rms = gradient_rms(g, v, eps, s)
+            return (u / jnp.maximum(1.0, rms)).astype(u.dtype)
+
+        return jax.tree.map(clip, updates, grads, nu_hat, stacked), state
+
+    return optax.GradientTransformation(inner.init, update)
+
+
+def stable_adamw(
+    learning_rate: optax.ScalarOrSchedule,
+    peak_learning_rate: float,
+    weight_decay: float = 1e-5,
+    b1: float = 0.9,
+    b2: float = 0.98,
+    eps: float = 1e-6,
+    mu_dtype=None,
+) -> optax.GradientTransformation:
+    """StableAdamW with fully decoupled weight decay: ModernBERT's `decoupled_stableadamw`
+    (Warner et al. 2024, through optimi's StableAdamW with `decouple_lr=True`).
+
+    Per tensor, with eta_t the schedule's rate and RMS `gradient_rms`:
+        eta' = eta_t / max(1, RMS)
+        p <- p - eta' * (m_hat / (sqrt(v_hat) + eps) + (weight_decay / peak) * p)
+    `weight_decay` is the fraction a weight shrinks per step at the peak rate (1e-5:
+    ModernBERT's), not multiplied by the rate as optax's AdamW's is (there 1e-5 x 8e-4 would
+    shrink it by 8e-9). Decay is masked off LayerNorm and biases (`decay_mask`), as
+    ModernBERT's `filter_bias_norm_wd`. The state is optax's Adam state.
+    """
+    if not peak_learning_rate > 0:
+        raise ValueError(
+            f"stable_adamw needs a positive peak learning rate, got {peak_learning_rate}"
+        )
+    direction = optax.chain(
+        optax.scale_by_adam(b1, b2, eps, mu_dtype=mu_dtype),
+        optax.add_decayed_weights(weight_decay / peak_learning_rate, mask=decay_mask),
+    )
+    return optax.chain(
+        clip_by_gradient_rms(direction, b2, eps), optax.scale_by_learning_rate(learning_rate)
+    )
+
+
+# Learning-rate schedules -------------------------------------------------------------------
+
+
+def one_minus_sqrt_schedule(init_value: float, decay_steps: int) -> optax.Schedule:
+    """init_value * (1 - sqrt(step / decay_steps)), 0 from `decay_steps` on: the "1-sqrt"
+    anneal of ModernBERT's last phase (Warner et al. 2024; Hägele et al. 2024)."""
+
+    def schedule(step):
+        frac = jnp.clip(step / max(decay_steps, 1), 0.0, 1.0)
+        return init_value * (1.0 - jnp.sqrt(frac))
+
+    return schedule
+
+
+# config.optimizer.decay_shape -> the anneal of "wsd"'s last `decay_fraction` of the steps.
+DECAY_SHAPES = (
+    "linear",  # peak to 0 in a straight line (transformers' get_wsd_schedule "linear")
+    "1-sqrt",  # peak x (1 - sqrt(fraction of the decay done)): ModernBERT's phase-3 decay
+)
+
+
 def warmup_stable_decay(
-    peak_value: float, warmup_steps: int, total_steps: int, decay_fraction: float
+    peak_value: float,
+    warmup_steps: int,
+    total_steps: int,
+    decay_fraction: float,
+    decay_shape: str = "linear",
 ) -> optax.Schedule:
-    """Linear warmup from 0, the peak held, then linear decay to 0 over the last
+    """Linear warmup from 0, the peak held, then a decay to 0 (`DECAY_SHAPES`) over the last
     `decay_fraction` of the steps (the "trapezoidal" or warmup-stable-decay schedule of
     ModernBERT and MiniCPM: most steps at the peak, a short anneal at the end).
     """
     decay_steps = max(round(total_steps * decay_fraction), 1)
     stable_end = max(total_steps - decay_steps, warmup_steps)
+    if decay_shape == "linear":
+        decay = optax.linear_schedule(peak_value, 0.0, total_steps - stable_end)
+    elif decay_shape == "1-sqrt":
+        decay = one_minus_sqrt_schedule(peak_value, total_steps - stable_end)
+    else:
+        raise ValueError(
+            f"config.optimizer.decay_shape must be one of {DECAY_SHAPES}, got {decay_shape!r}"
+        )
     return optax.join_schedules(
         [
             optax.linear_schedule(0.0, peak_value, max(warmup_steps, 1)),
             optax.constant_schedule(peak_value),
-            optax.linear_schedule(peak_value, 0.0, total_steps - stable_end),
+            decay,
         ],
         boundaries=[warmup_steps, stable_end],
+    )
+
+
+def warmup_constant(peak_value: float, warmup_steps: int) -> optax.Schedule:
+    """Linear warmup from 0, then the peak held to the end: a trapezoid whose decay is a
+    later run's (ModernBERT's phase 1, whose rate only decays in its last phase)."""
+    return optax.join_schedules(
+        [
+            optax.linear_schedule(0.0, peak_value, max(warmup_steps, 1)),
+            optax.constant_schedule(peak_value),
+        ],
+        boundaries=[warmup_steps],
     )
 
 
 # config.optimizer.schedule -> what the learning rate does after warmup.
 SCHEDULES = (
     "linear",  # polynomial decay (power `decay_power`, 1 = linear) to 0 from step 0: BERT
-    "wsd",  # held at the peak, then linear decay over the last `decay_fraction`: ModernBERT
+    "wsd",  # held at the peak, then decay (`decay_shape`) over the last `decay_fraction`
+    "constant",  # held at the peak to the end: a phase whose decay is a later run's
 )
 
 
@@ -174,7 +313,7 @@ def learning_rate_schedule(
     """The schedule an optimizer config describes, over `num_train_steps` updates.
 
     Keys: learning_rate (the peak), warmup_steps, schedule (`SCHEDULES`; absent: "linear"),
-    decay_power ("linear"), decay_fraction ("wsd").
+    decay_power ("linear"), decay_fraction and decay_shape (`DECAY_SHAPES`; "wsd").
     """
     name = config.get("schedule", "linear")
     if name == "linear":
@@ -189,10 +328,24 @@ def learning_rate_schedule(
         if not 0 < fraction <= 1:
             raise ValueError(f"config.optimizer.decay_fraction must be in (0, 1], got {fraction}")
         return warmup_stable_decay(
-            config.learning_rate, config.warmup_steps, num_train_steps, fraction
+            config.learning_rate,
+            config.warmup_steps,
+            num_train_steps,
+            fraction,
+            config.get("decay_shape", "linear"),
         )
+    if name == "constant":
+        return warmup_constant(config.learning_rate, config.warmup_steps)
     raise ValueError(f"config.optimizer.schedule must be one of {SCHEDULES}, got {name!r}")
 
+
+# config.optimizer.name -> the update rule.
+OPTIMIZERS = (
+    "adamw",  # the original BERT AdamW: no bias correction, decay scaled by the rate
+    "adamw_bias_corrected",  # torch's / optax's AdamW, decay masked as BERT's
+    "lamb",  # LAMB (You et al. 2019): large-batch pretraining
+    "stable_adamw",  # StableAdamW, decay decoupled from the rate: ModernBERT's (`stable_adamw`)
+)
 
 # config.optimizer.mu_dtype -> the dtype the first moment is stored in (None: the params', f32).
 MU_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
@@ -203,7 +356,7 @@ def make_optimizer(
 ) -> optax.GradientTransformation:
     """Builds the optimizer of an experiment's `config.optimizer` block.
 
-    Keys: name ('adamw' | 'adamw_bias_corrected' | 'lamb'), learning_rate, warmup_steps,
+    Keys: name (`OPTIMIZERS`), learning_rate, warmup_steps,
     decay_power, weight_decay, b1, b2, eps, max_grad_norm, grad_accum_steps, mu_dtype
     (`MU_DTYPES`; absent: 'float32'). The schedule counts optimizer updates, i.e. micro-steps /
     grad_accum_steps.
@@ -223,11 +376,10 @@ def make_optimizer(
         opt = adamw_bias_corrected(schedule, config.weight_decay, *moments)
     elif config.name == "lamb":
         opt = lamb(schedule, config.weight_decay, *moments)
+    elif config.name == "stable_adamw":
+        opt = stable_adamw(schedule, config.learning_rate, config.weight_decay, *moments)
     else:
-        raise ValueError(
-            f"config.optimizer.name {config.name!r} is not 'adamw', 'adamw_bias_corrected' "
-            "or 'lamb'"
-        )
+        raise ValueError(f"config.optimizer.name must be one of {OPTIMIZERS}, got {config.name!r}")
     if config.max_grad_norm:
         opt = optax.chain(optax.clip_by_global_norm(config.max_grad_norm), opt)
     if config.get("grad_accum_steps", 1) > 1:

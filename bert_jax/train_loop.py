@@ -17,9 +17,11 @@ workdir's own checkpoints only with the data their saved position describes (`_c
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
+from typing import Any
 
 import jax
 import ml_collections
@@ -200,183 +202,243 @@ def _roll_back(spike, history, config, run, manager, mask_config, workdir):
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Pretrains as `config` says, checkpointing into `workdir`; returns the last metrics."""
+    built = _build(config)
+    state, position, source = _restore_or_start(config, workdir, built)
+    logging.info("train state from %s; mesh %s", source, dict(built.mesh.shape))
+    return _Pretraining(config, workdir, built, state, position).run()
+
+
+@dataclasses.dataclass
+class _Built:
+    """What a run is made of before any state exists: the tokenizer, the mesh, `train.setup`'s
+    model, optimizer and jitted steps, and the data's identity (what a resume compares)."""
+
+    tokenizer: Any
+    mesh: jax.sharding.Mesh
+    run: Any  # train.setup's result
+    identity: dict
+    init_rng: jax.Array
+    dropout_rng: jax.Array
+
+
+def _build(config: ml_collections.ConfigDict) -> _Built:
+    """The run's parts, each checked against the config (objective keys, record kind, vocab)."""
     from data_pipelines.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(config.data.vocab_file, do_lower_case=config.data.do_lower_case)
     mesh = sharding.create_mesh(config.mesh_shape)
     run = train.setup(config, mesh, tokenizer.vocab_size)  # checks the objective's config keys
     train.check_records_kind(config)
-    cfg, shardings = run.model_config, run.shardings
-    if cfg.vocab_size < tokenizer.vocab_size:
+    if run.model_config.vocab_size < tokenizer.vocab_size:
         raise ValueError(
-            f"config.model.vocab_size {cfg.vocab_size} < {tokenizer.vocab_size} tokens in "
-            f"{config.data.vocab_file}"
+            f"config.model.vocab_size {run.model_config.vocab_size} < {tokenizer.vocab_size} "
+            f"tokens in {config.data.vocab_file}"
         )
-    data = config.data
-    step_fn, eval_fn = run.train_step, run.eval_step
-
     # Two streams from the seed: the initialisation and the dropout masks (folded per step,
     # in config.prng_impl; "electra" splits each step's key into dropout and the generator's
     # samples). Neither is stored: a resumed run derives the same keys again.
     init_rng, dropout_rng = run_keys(config.seed, config.prng_impl)
     identity = pretraining_input.data_identity(config)
+    return _Built(tokenizer, mesh, run, identity, init_rng, dropout_rng)
+
+
+def _restore_or_start(config, workdir: str, built: _Built):
+    """The resume order (`_restore`), else a fresh state in the run's layout: params from
+    `init_from`, else initialised. Returns (state, data position or None, source)."""
+    run, vocab_size = built.run, built.tokenizer.vocab_size
     state, position, source = _restore(
-        config, workdir, run.abstract_state, shardings, identity, tokenizer.vocab_size
+        config, workdir, run.abstract_state, run.shardings, built.identity, vocab_size
     )
-    if state is None:
-        # A fresh state in the run's layout: params from `init_from`, else initialised.
-        born = functools.partial(
-            sharded_state,
-            run.model,
-            run.tx,
-            mesh,
-            run.inputs,
-            rules=run.rules,
-            shard_update=run.layout is not None,
-            spread=config.get("shard_weight_update_spread", False),
+    if state is not None:
+        return state, position, source
+    born = functools.partial(
+        sharded_state,
+        run.model,
+        run.tx,
+        built.mesh,
+        run.inputs,
+        rules=run.rules,
+        shard_update=run.layout is not None,
+        spread=config.get("shard_weight_update_spread", False),
+    )
+    if config.init_from:
+        abstract_params = run.abstract_state.params
+        state, _ = born(
+            params=_load_init_params(config.init_from, run.model, abstract_params, built.init_rng)
         )
-        if config.init_from:
-            abstract_params = run.abstract_state.params
-            state, _ = born(
-                params=_load_init_params(config.init_from, run.model, abstract_params, init_rng)
+        return state, None, f"init_from {config.init_from} (params only)"
+    state, _ = born(rng=built.init_rng)
+    return state, None, "scratch"
+
+
+class _Pretraining:
+    """The step loop of one run: it owns the state, the data iterator, the checkpoint manager
+    and the metrics writer, and runs the steps from the state's step to the stop step
+    (`run`), logging (`_log`), evaluating (`_evaluate`), checkpointing (`_save`) and rolling
+    back a loss spike (`_roll_back_to_last_checkpoint`) as the config says."""
+
+    def __init__(self, config, workdir: str, built: _Built, state, position):
+        self.config, self.workdir, self.built, self.state = config, workdir, built, state
+        run = built.run
+        self.mask_config = pretraining_input.masking_config(config, built.tokenizer)
+        self.train_data = pretraining_input.train_input(config, position, self.mask_config)
+        self.manager = checkpointing.make_manager(
+            os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints
+        )
+        # A restart repeats the steps after the restored one (all of them from scratch): what
+        # an interrupted run logged for those is cut, so metrics.jsonl reads as one run.
+        self.writer = telemetry.MetricsWriter(workdir, last_step=int(state.step) or -1)
+        self.watcher = checkpointing.PreemptionWatcher(self.manager)
+        # The streams the pipeline deals (a config's None: the saved position's, else the
+        # process count), so a resume that names another count is refused.
+        identity = built.identity | {"num_streams": self.train_data.spec.num_streams}
+        self.config_json = checkpointing.config_to_json(config) | {"data_identity": identity}
+        self.flops = train.flops_per_step(config, run.model_config)
+        self.peak = telemetry.peak_flops_per_device(run.model_config.dtype) * jax.device_count()
+        guard = config.get("rollback")  # configs older than the block: none
+        self.health = StepHealth()  # non-finite metrics, and param or update norms that jump
+        self.spikes = self.history = None
+        if guard is not None and guard.enabled:
+            self.spikes = rollback.SpikeDetector(guard.spike_factor, guard.median_window)
+            self.history = rollback.Rollbacks(guard.max_rollbacks, guard.window_steps)
+        self.start = self.step = int(state.step)
+        self.stop = config.get("stop_at_step") or config.num_train_steps
+        self.pending: list[tuple[int, dict]] = []
+        self.last: dict[str, float] = {}
+        self.saving = False  # a background save not yet known to have landed
+        self.timer = (time.perf_counter(), self.start)
+
+    def run(self) -> dict[str, float]:
+        """Runs the steps; lands the last checkpoint; returns the last metrics."""
+        config, manager = self.config, self.manager
+        self.progress = tqdm(
+            total=self.stop, initial=self.start, disable=jax.process_index() != 0, desc="pretrain"
+        )
+        trace = _StepTrace(config, self.workdir, self.start)
+        try:
+            with sharding.activation_context(self.built.mesh, self.built.run.rules):
+                if self.start == 0 and config.eval_every:  # 0: never
+                    self._evaluate(0)
+                while self.step < self.stop:  # not a range: a rollback takes `step` back
+                    if self._train_one_step(trace):
+                        break
+            checkpointing.finish_saves(manager)
+            manager.close()
+        except BaseException as error:  # a reader error, the step's, Ctrl-C, a refused rollback
+            _finish_after(error, manager, self.step)
+            raise
+        finally:
+            trace.close(self.step)  # a trace cut short (an error, SIGTERM, the end) is kept
+            self.progress.close()
+            self.watcher.close()
+            self.writer.close()
+        return self.last
+
+    def _train_one_step(self, trace: _StepTrace) -> bool:
+        """One step, then its logging, evaluation and checkpoint; True when SIGTERM stops
+        the run (after its checkpoint landed)."""
+        config, manager, run = self.config, self.manager, self.built.run
+        self.step += 1
+        step = self.step
+        trace.before(step)
+        # Marks the step for XProf's step view (a no-op while no trace runs).
+        with jax.profiler.StepTraceAnnotation("train", step_num=step):
+            inputs = sharding.global_batch(next(self.train_data), self.built.mesh, run.rules)
+            self.state, step_metrics = run.train_step(self.state, inputs, self.built.dropout_rng)
+        trace.after(step, self.state)
+        self.pending.append((step, step_metrics))
+        self.progress.update(1)
+        if step == self.start + 1:  # keep compilation out of the throughput figures
+            jax.block_until_ready(self.state.step)
+            self.timer = (time.perf_counter(), step)
+        if self.saving and not manager.is_saving_in_progress():
+            # A failed save stops the run now, not at the next save (or at exit).
+            checkpointing.finish_saves(manager)
+            self.saving = False
+        stopping = self.watcher.should_stop(step)
+        every = config.checkpoint_every  # 0: no periodic checkpoint; the final one is written
+        checkpoint_now = (every > 0 and step % every == 0) or step == self.stop or stopping
+        if (step % config.log_every == 0 or checkpoint_now) and not self._log(step):
+            return False  # rolled back: the steps after the checkpoint are done again
+        if config.eval_every and step % config.eval_every == 0:
+            self.last |= {f"eval_{k}": v for k, v in self._evaluate(step).items()}
+        if checkpoint_now:
+            self._save(step)
+            self.saving = True
+        if stopping:
+            checkpointing.finish_saves(manager)  # claim the checkpoint once it landed
+            logging.warning(
+                "stopped by SIGTERM after step %d (checkpoint saved in %s)",
+                step,
+                manager.directory,
             )
-            source = f"init_from {config.init_from} (params only)"
-        else:
-            state, _ = born(rng=init_rng)
-            source = "scratch"
-    logging.info("train state from %s; mesh %s", source, dict(mesh.shape))
+        return stopping
 
-    mask_config = pretraining_input.masking_config(config, tokenizer)
-    train_data = pretraining_input.train_input(config, position, mask_config)
-    manager = checkpointing.make_manager(
-        os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints
-    )
-    # A restart repeats the steps after the restored one (all of them from scratch): what an
-    # interrupted run logged for those is cut, so metrics.jsonl reads as one run.
-    writer = telemetry.MetricsWriter(workdir, last_step=int(state.step) or -1)
-    watcher = checkpointing.PreemptionWatcher(manager)
-    # The streams the pipeline deals (a config's None: the saved position's, else the
-    # process count), so a resume that names another count is refused.
-    identity["num_streams"] = train_data.spec.num_streams
-    config_json = checkpointing.config_to_json(config) | {"data_identity": identity}
-    flops = train.flops_per_step(config, cfg)
-    peak = telemetry.peak_flops_per_device(cfg.dtype) * jax.device_count()
-    guard = config.get("rollback")  # configs older than the block: none
-    health = StepHealth()  # non-finite metrics, and param or update norms that jump
-    spikes = history = None
-    if guard is not None and guard.enabled:
-        spikes = rollback.SpikeDetector(guard.spike_factor, guard.median_window)
-        history = rollback.Rollbacks(guard.max_rollbacks, guard.window_steps)
+    def _log(self, step: int) -> bool:
+        """Writes the pending steps' metrics; False when a loss spike rolled the run back.
+        Checked before any save, so a checkpoint never holds an unhealthy state."""
+        try:
+            self.last = _flush(
+                self.pending,
+                self.writer,
+                self.timer,
+                step,
+                self.flops,
+                self.peak,
+                self.config,
+                self.manager,
+                self.health,
+                self.spikes,
+            )
+        except rollback.LossSpike as spike:  # raised with config.rollback only
+            self._roll_back_to_last_checkpoint(spike)
+            return False
+        self.timer = (time.perf_counter(), step)
+        self.progress.set_postfix(
+            loss=f"{self.last['loss']:.3f}", mlm_acc=f"{self.last['mlm_accuracy']:.3f}"
+        )
+        self.pending = []
+        return True
 
-    def save(step):
+    def _roll_back_to_last_checkpoint(self, spike: rollback.LossSpike) -> None:
+        self.state = None  # the diverged state: freed before the restore allocates
+        self.state, self.train_data = _roll_back(
+            spike,
+            self.history,
+            self.config,
+            self.built.run,
+            self.manager,
+            self.mask_config,
+            self.workdir,
+        )
+        self.step = int(self.state.step)
+        self.writer.cut(self.step)  # the steps after it are done again, logged again
+        self.pending, self.saving = [], False
+        self.timer = (time.perf_counter(), self.step)
+        self.progress.n = self.step
+
+    def _save(self, step: int) -> None:
         checkpointing.save(
-            manager,
+            self.manager,
             step,
-            state,
-            pretraining_input.gather_positions(train_data.position),
-            config_json,
+            self.state,
+            pretraining_input.gather_positions(self.train_data.position),
+            self.config_json,
         )
 
-    def evaluate(step):
-        if not data.eval_files:
+    def _evaluate(self, step: int) -> dict[str, float]:
+        config, built = self.config, self.built
+        if not config.data.eval_files:
             return {}
-        eval_data = pretraining_input.eval_input(config, tokenizer)
+        eval_data = pretraining_input.eval_input(config, built.tokenizer)
         totals = []
         for _ in range(config.eval_steps):
-            totals.append(
-                eval_fn(state.params, sharding.global_batch(next(eval_data), mesh, run.rules))
-            )
+            batch = sharding.global_batch(next(eval_data), built.mesh, built.run.rules)
+            totals.append(built.run.eval_step(self.state.params, batch))
         result = {k: float(np.mean([t[k] for t in totals])) for k in totals[0]}
-        writer.write(step, result, prefix="eval")
+        self.writer.write(step, result, prefix="eval")
         logging.info("eval at step %d: %s", step, _fmt(result))
         return result
-
-    start = int(state.step)
-    stop = config.get("stop_at_step") or config.num_train_steps
-    pending: list[tuple[int, dict]] = []
-    last: dict[str, float] = {}
-    saving = False  # a background save not yet known to have landed
-    progress = tqdm(total=stop, initial=start, disable=jax.process_index() != 0, desc="pretrain")
-    timer = (time.perf_counter(), start)
-    step = start
-    trace = _StepTrace(config, workdir, start)
-    try:
-        with sharding.activation_context(mesh, run.rules):
-            if start == 0 and config.eval_every:  # 0: never
-                evaluate(0)
-            while step < stop:  # not a range: a rollback takes `step` back
-                step += 1
-                trace.before(step)
-                # Marks the step for XProf's step view (a no-op while no trace runs).
-                with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                    inputs = sharding.global_batch(next(train_data), mesh, run.rules)
-                    state, step_metrics = step_fn(state, inputs, dropout_rng)
-                trace.after(step, state)
-                pending.append((step, step_metrics))
-                progress.update(1)
-                if step == start + 1:  # keep compilation out of the throughput figures
-                    jax.block_until_ready(state.step)
-                    timer = (time.perf_counter(), step)
-                if saving and not manager.is_saving_in_progress():
-                    # A failed save stops the run now, not at the next save (or at exit).
-                    checkpointing.finish_saves(manager)
-                    saving = False
-                stopping = watcher.should_stop(step)
-                checkpoint_now = step % config.checkpoint_every == 0 or step == stop or stopping
-                if step % config.log_every == 0 or checkpoint_now:
-                    # Checked before any save, so a checkpoint never holds an unhealthy state.
-                    try:
-                        last = _flush(
-                            pending,
-                            writer,
-                            timer,
-                            step,
-                            flops,
-                            peak,
-                            config,
-                            manager,
-                            health,
-                            spikes,
-                        )
-                    except rollback.LossSpike as spike:  # raised with config.rollback only
-                        state = None  # the diverged state: freed before the restore allocates
-                        state, train_data = _roll_back(
-                            spike, history, config, run, manager, mask_config, workdir
-                        )
-                        step = int(state.step)
-                        writer.cut(step)  # the steps after it are done again, logged again
-                        pending, saving, timer = [], False, (time.perf_counter(), step)
-                        progress.n = step
-                        continue
-                    timer = (time.perf_counter(), step)
-                    progress.set_postfix(
-                        loss=f"{last['loss']:.3f}", mlm_acc=f"{last['mlm_accuracy']:.3f}"
-                    )
-                    pending = []
-                if config.eval_every and step % config.eval_every == 0:
-                    last |= {f"eval_{k}": v for k, v in evaluate(step).items()}
-                if checkpoint_now:
-                    save(step)
-                    saving = True
-                if stopping:
-                    checkpointing.finish_saves(manager)  # claim the checkpoint once it landed
-                    logging.warning(
-                        "stopped by SIGTERM after step %d (checkpoint saved in %s)",
-                        step,
-                        manager.directory,
-                    )
-                    break
-        checkpointing.finish_saves(manager)
-        manager.close()
-    except BaseException as error:  # a reader error, the step's, Ctrl-C, a refused rollback
-        _finish_after(error, manager, step)
-        raise
-    finally:
-        trace.close(step)  # a trace cut short (an error, SIGTERM, the run's end) is kept
-        progress.close()
-        watcher.close()
-        writer.close()
-    return last
 
 
 class _StepTrace:

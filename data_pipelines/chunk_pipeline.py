@@ -27,7 +27,7 @@ from data_pipelines import (
     instances,
     pretraining_records,
     single_segments,
-    tfrecord_files,
+    tfrecord_framing,
 )
 from data_pipelines.pretraining_options import Options
 
@@ -141,7 +141,7 @@ class ChunkProcessor:
         """Stage 2: one part of chunk `index` -> its framed records and masking counts."""
         counts: collections.Counter = collections.Counter()
         records = self._encoder.encode_part(part, index, part_index, counts)
-        return tfrecord_files.frame_records(records), counts
+        return tfrecord_framing.frame_records(records), counts
 
     def __call__(self, index: int, documents: list[corpora.Document]) -> ChunkRecords:
         """Both stages in this process."""

@@ -44,7 +44,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from data_pipelines import masking, records, tfrecord_files
+from data_pipelines import masking, records, tfrecord_files, tfrecord_framing
 
 # Salts that keep the seeds of different random choices apart.
 _FILE_ORDER_SALT = 1
@@ -106,7 +106,7 @@ def record_counts(files: Sequence[str], compression: str | None = None) -> dict[
 
     `create_pretraining_data` writes `<first shard>.stats.json` with every shard's count;
     the records of files without one (e.g. the original BERT tool's) are counted from their
-    framing (`tfrecord_files.count_records`: record lengths, the data seeked over; compressed
+    framing (`tfrecord_framing.count_records`: record lengths, the data seeked over; compressed
     files are read), and a warning says how long that took.
     """
     counts: dict[str, int] = {}
@@ -128,7 +128,7 @@ def record_counts(files: Sequence[str], compression: str | None = None) -> dict[
                 dataset = tf.data.TFRecordDataset(path, compression_type=compression)
                 counts[path] = int(dataset.reduce(np.int64(0), lambda n, _: n + 1))
             else:
-                counts[path] = tfrecord_files.count_records(path)
+                counts[path] = tfrecord_framing.count_records(path)
         logging.warning(
             "counted the records of %d files without a stats JSON in %.1f s (first: %s)",
             len(missing),
@@ -367,7 +367,7 @@ def damaged_record_error(
     """The file (and record) of `stream` that tf.data's `error` comes from.
 
     tf.data names only a byte offset, of any file of an interleaved group: each of the
-    stream's files is checked at that offset (`tfrecord_files.find_damage`: the framing up
+    stream's files is checked at that offset (`tfrecord_framing.find_damage`: the framing up
     to it; compressed files, whose offsets are of the decompressed bytes, are read).
     """
     reported = error.message.split("}}")[-1].split("[Op:")[0].strip()
@@ -388,7 +388,7 @@ def damaged_record_error(
 
 def _damage_in(spec: PipelineSpec, path: str, offset: int, reported: str) -> str | None:
     if not spec.compression:
-        return tfrecord_files.find_damage(path, offset)
+        return tfrecord_framing.find_damage(path, offset)
     try:  # read whole: the only way to the decompressed bytes at `offset`
         dataset = tf.data.TFRecordDataset(path, compression_type=spec.compression)
         dataset.reduce(np.int64(0), lambda n, _: n + 1)

@@ -62,6 +62,8 @@ import time
 
 from absl import app, flags, logging
 
+from bert_jax import config_bounds
+from bert_jax.config_bounds import DEMO
 from data_pipelines import cli, recipe
 from experiments import demo_report
 from experiments.configs import demo_arms
@@ -547,6 +549,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     start = time.time()
+    flag_values = {n: setting(n) if n in TASK_DEFAULTS["ner"] else FLAGS[n].value for n in DEMO}
+    config_bounds.check_or_exit(flag_values, "demo", "demo")  # every flag in its range
     # Absolute paths: Orbax refuses relative checkpoint directories.
     workdir = os.path.abspath(FLAGS.workdir)
     os.makedirs(workdir, exist_ok=True)

@@ -74,11 +74,28 @@ def report(
 
     pretraining = telemetry.read_metrics(os.path.join(pretrain_dir, "metrics.jsonl"))
     evals = [r for r in pretraining if r["split"] == "eval"]
-    final = evals[-1]
     budgets = finetuning["budgets"]
     ner = flags["task"] == "ner"
     metric = "entity F1" if ner else "accuracy"
     linear = {row["labels"]: row["linear"] for row in finetuning.get("linear", [])}
+    objective = demo_arms.ARMS[flags["recipe"]].objective if ner else "mlm_nsp"
+    text = (
+        _budget_table(budgets, linear, metric)
+        + _run_note(budgets, evals[-1], objective, ner, flags)
+        + _details(budgets, linear, finetuning.get("optimizer_comparison"), extra)
+    )
+    summary = _summary(finetuning, extra, flags, objective, evals, ner)
+    with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, ensure_ascii=False)
+    plot(os.path.join(workdir, "curves.png"), pretraining, budgets, metric)
+    return text
+
+
+def _budget_table(budgets: list[dict], linear: dict[int, list[float]], metric: str) -> str:
+    """The Markdown table: per label budget, each arm's mean ± std, the paired gain with its
+    interval and, when the run has it, the linear tagger's score."""
     rows = [f"| labelled sentences | pretrained, test {metric} | from scratch | "
             "gain (points), 95% interval |" + (" linear tagger |" if linear else ""),
             "| ---: | ---: | ---: | ---: |" + (" ---: |" if linear else "")]  # fmt: skip
@@ -92,8 +109,15 @@ def report(
             lin, lin_std = _mean_std(linear[budget["labels"]])
             row += f" {100 * lin:.1f} ± {100 * lin_std:.1f} |"
         rows.append(row)
+    return "\n".join(rows)
+
+
+def _run_note(
+    budgets: list[dict], final: dict, objective: str, ner: bool, flags: dict[str, Any]
+) -> str:
+    """The paragraph under the table: the test set, the runs per budget and the pretraining
+    run with its last held-out metrics (`final`)."""
     runs = len(budgets[0]["pretrained"])
-    objective = demo_arms.ARMS[flags["recipe"]].objective if ner else "mlm_nsp"
     if objective == "electra":  # its MLM is the generator's; the encoder is the discriminator
         heldout = (f"held-out MLM accuracy of the generator {final['mlm_accuracy']:.1%}, "
                    f"replaced-token detection accuracy {final['disc_accuracy']:.1%}")  # fmt: skip
@@ -105,7 +129,7 @@ def report(
         f"People's Daily NER (PER/LOC/ORG), test n={flags['test_sentences'] or 2000:,}" if ner
         else "Sentence polarity (Rotten Tomatoes), test n=1,000"
     )  # fmt: skip
-    text = "\n".join(rows) + (
+    return (
         f"\n\n{what}, mean ± std over {runs} {'label subsets' if ner else 'fine-tuning seeds'}"
         " per budget, shared by both arms; the gain is the mean paired difference with its 95%"
         f" t-interval. Pretraining ({flags['recipe']} recipe"
@@ -114,6 +138,14 @@ def report(
         f"(seed {flags['seed']}, "
         f"{final['step']} steps): {heldout}.\n"
     )
+
+
+def _details(
+    budgets: list[dict], linear: dict[int, list[float]], comparison: dict | None, extra: dict
+) -> str:
+    """What follows: the linear tagger's note, every subset's scores, the fine-tuning
+    optimizer comparison and the masked entities filled in, each when the run has it."""
+    text = ""
     if linear:
         text += (
             "\nThe linear tagger: a logistic regression on character windows "
@@ -123,7 +155,6 @@ def report(
         f"- {b['labels']:,}: {_points(b['pretrained'])} / {_points(b['scratch'])}\n"
         for b in budgets
     )
-    comparison = finetuning.get("optimizer_comparison")
     if comparison:
         first = budgets[0]
         text += (
@@ -144,10 +175,19 @@ def report(
     for item in extra.get("fill_mask", []):
         guesses = " | ".join(" ".join(p) for p in item["predictions"])
         text += f"- {item['text']} ({item['type']} {item['entity']}): {guesses}\n"
-    summary = {
+    return text
+
+
+def _summary(
+    finetuning: dict, extra: dict, flags: dict[str, Any], objective: str, evals: list[dict],
+    ner: bool,
+) -> dict:  # fmt: skip
+    """results.json: the fine-tuning results, the pretraining run's settings and its held-out
+    metrics, and `extra` (the filled-in entities, the wall time)."""
+    return {
         "task": NER_TASK if ner else "polarity",
         "seed": flags["seed"],
-        "label_budgets": budgets,
+        "label_budgets": finetuning["budgets"],
         **{k: v for k, v in finetuning.items() if k != "budgets"},
         "pretraining": {
             "recipe": flags["recipe"],
@@ -163,12 +203,6 @@ def report(
         },
         **extra,
     }
-    with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
-        f.write(text)
-    with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, ensure_ascii=False)
-    plot(os.path.join(workdir, "curves.png"), pretraining, budgets, metric)
-    return text
 
 
 def plot(path: str, pretraining: list[dict], budgets: list[dict], metric: str) -> None:

@@ -32,6 +32,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bert_jax import config_bounds
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 from data_pipelines.tasks.classification_features import encode_sentences
@@ -101,12 +102,8 @@ def train_student(
     Returns:
         (what its metrics.json holds, {split: (N, C) final logits}).
     """
-    import jax
-    import jax.numpy as jnp
-
     from bert_jax import distill, sharding
     from bert_jax import finetune_common as common
-    from bert_jax.train_state import make_step, sharded_state
 
     start_time = time.time()
     os.makedirs(workdir, exist_ok=True)
@@ -114,35 +111,15 @@ def train_student(
     train = features["train"]
     steps_per_epoch = common.steps_per_epoch(len(train), config.train_batch_size)
     num_steps = steps_per_epoch * config.num_epochs
-    tx, schedule = common.make_optimizer(
-        config.learning_rate, num_steps, warmup_proportion=config.warmup_proportion,
-        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
-        name=config.optimizer,
-    )  # fmt: skip
-    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
-    state, shardings = sharded_state(student, tx, mesh, sample, params=params)
-
-    batch_sharding = sharding.batch_sharding(mesh)
     in_step = alpha > 0 and config.teacher_logits == "step"
     train_keys = [*distill.INPUT_KEYS, "labels"]
     if alpha > 0 and not in_step:
         train_keys.append("teacher_logits")
-    loss = functools.partial(
-        distill.classification_train_loss, student=student, teacher=teacher if in_step else None,
-        temperature=config.temperature, alpha=alpha,
+    state, step_fn, predict_fn = student_steps(
+        config, student, params, mesh, num_steps, alpha=alpha, train_keys=train_keys,
+        teacher=teacher if in_step else None,
+        teacher_shardings=teacher_params[1] if in_step else None,
     )  # fmt: skip
-    step_fn = jax.jit(
-        make_step(loss, tx, schedule),
-        in_shardings=(shardings, {k: batch_sharding for k in train_keys},
-                      common.replicated(mesh), teacher_params[1] if in_step else None),
-        out_shardings=(shardings, common.replicated(mesh)),
-        donate_argnums=0,
-    )  # fmt: skip
-    predict_fn = jax.jit(
-        functools.partial(ftc.predict_step, model=student),
-        in_shardings=(shardings.params, {k: batch_sharding for k in distill.INPUT_KEYS}),
-        out_shardings=common.replicated(mesh),
-    )
     arrays = {"input_ids": train.input_ids, "input_mask": train.input_mask,
               "segment_ids": train.segment_ids, "labels": train.labels}  # fmt: skip
     if "teacher_logits" in train_keys:
@@ -186,6 +163,51 @@ def train_student(
     return results, final_logits
 
 
+def student_steps(
+    config, student, params, mesh, num_steps: int, *, alpha: float, train_keys: list[str],
+    teacher=None, teacher_shardings=None,
+):  # fmt: skip
+    """(sharded state, jitted train step, jitted predict step) of one student.
+
+    The train step is `(state, batch, rng, teacher params) -> (state, metrics)`: with a
+    `teacher` its logits are computed in the step (its params sharded by
+    `teacher_shardings`), without one the batch brings them (or alpha = 0 needs none).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax import distill, sharding
+    from bert_jax import finetune_common as common
+    from bert_jax.train_state import make_step, sharded_state
+
+    tx, schedule = common.make_optimizer(
+        config.learning_rate, num_steps, warmup_proportion=config.warmup_proportion,
+        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+        name=config.optimizer,
+    )  # fmt: skip
+    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
+    state, shardings = sharded_state(student, tx, mesh, sample, params=params)
+
+    batch_sharding = sharding.batch_sharding(mesh)
+    loss = functools.partial(
+        distill.classification_train_loss, student=student, teacher=teacher,
+        temperature=config.temperature, alpha=alpha,
+    )  # fmt: skip
+    step_fn = jax.jit(
+        make_step(loss, tx, schedule),
+        in_shardings=(shardings, {k: batch_sharding for k in train_keys},
+                      common.replicated(mesh), teacher_shardings),
+        out_shardings=(shardings, common.replicated(mesh)),
+        donate_argnums=0,
+    )  # fmt: skip
+    predict_fn = jax.jit(
+        functools.partial(ftc.predict_step, model=student),
+        in_shardings=(shardings.params, {k: batch_sharding for k in distill.INPUT_KEYS}),
+        out_shardings=common.replicated(mesh),
+    )
+    return state, step_fn, predict_fn
+
+
 def labeled_splits(task, features) -> list[str]:
     """The eval and test splits that have labels (GLUE test sets have none), in order."""
     splits = (*task.eval_splits, *task.test_splits)
@@ -209,34 +231,15 @@ def teacher_logits_of(teacher, params, shardings, features, config, mesh, desc):
 
 def distill_classifier(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs the distillation described by `config`; returns what results.json holds."""
-    import jax.numpy as jnp
-    import optax
-
-    from bert_jax import distill, sharding
+    from bert_jax import distill
     from bert_jax import finetune_common as common
-    from bert_jax.train_state import sharded_state
     from experiments import inference_speed
 
-    if not 0.0 <= config.alpha <= 1.0:
-        raise ValueError(f"--config.alpha={config.alpha} must be in [0, 1]")
-    if config.temperature <= 0:
-        raise ValueError(f"--config.temperature={config.temperature} must be positive")
-    if config.teacher_logits not in ("step", "precompute"):
-        raise ValueError(
-            f"--config.teacher_logits={config.teacher_logits!r}: 'step' or 'precompute'"
-        )
+    check_config(config)
     os.makedirs(workdir, exist_ok=True)
     path = teacher_dir(config.teacher)
     teacher, teacher_config, teacher_np, vocab_file, meta = ftc.load_classifier(path)
-    if meta.get("labels") is None:
-        raise ValueError(f"{path}: a regression teacher ({meta.get('task')}); distillation "
-                         "here needs class logits")  # fmt: skip
-    task = load_sentence_task(config.task, config.data_dir or None)
-    if list(task.labels or ()) != list(meta["labels"]):
-        raise ValueError(f"{path} was fine-tuned on labels {meta['labels']}, task "
-                         f"{config.task} has {task.labels} (--config.task)")  # fmt: skip
-    if config.max_train_examples:
-        task.splits["train"] = task.splits["train"][: config.max_train_examples]
+    task = load_task(config, path, meta)
     tokenizer = load_tokenizer(vocab_file, do_lower_case=meta.get("do_lower_case", True))
     features = {
         split: encode_sentences(
@@ -245,36 +248,16 @@ def distill_classifier(config: ml_collections.ConfigDict, workdir: str) -> dict:
         for split, examples in task.splits.items()
     }
     student_parts = build_student(config, teacher_config, teacher_np, vocab_file, len(task.labels))
-
-    mesh = sharding.create_mesh(config.mesh_shape)
-    common.check_batch_size(config.train_batch_size, mesh, "train_batch_size")
-    common.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
-    if common.steps_per_epoch(len(features["train"]), config.train_batch_size) == 0:
-        raise ValueError(f"{len(features['train'])} training examples < train_batch_size")
-    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
-    # Sharded as a fine-tuned model of its size would be; it is never updated.
-    frozen, frozen_shardings = sharded_state(
-        teacher, optax.identity(), mesh, sample, params=teacher_np
-    )
-    teacher_params, teacher_shardings = frozen.params, frozen_shardings.params
-    del teacher_np, frozen
+    mesh = training_mesh(config, len(features["train"]))
+    teacher_params, teacher_shardings = shard_teacher(teacher, teacher_np, config, mesh)
+    del teacher_np
 
     results = {"task": config.task, "teacher_path": path, "teacher": {
         "params": distill.param_count(teacher_params), "config": teacher_config}}  # fmt: skip
-    teacher_eval = {}
-    for split in labeled_splits(task, features):
-        logits = teacher_logits_of(teacher, teacher_params, teacher_shardings, features[split],
-                                   config, mesh, f"teacher {split}")  # fmt: skip
-        teacher_eval[split] = logits
-        results["teacher"][split], _ = ftc.score(task, features[split].labels, logits)
-    logging.info("teacher: %s", results["teacher"])
-    train_logits = None
-    if config.teacher_logits == "precompute":
-        train_logits = teacher_logits_of(
-            teacher, teacher_params, teacher_shardings, features["train"], config, mesh,
-            "teacher train",
-        )  # fmt: skip
-        np.save(os.path.join(workdir, "teacher_logits_train.npy"), train_logits)
+    teacher_eval, train_logits = score_teacher(
+        config, workdir, teacher, teacher_params, teacher_shardings, task, features, mesh,
+        results["teacher"],
+    )  # fmt: skip
 
     student_meta = {**meta, "task": config.task, "data_dir": config.data_dir,
                     "max_seq_length": config.max_seq_length, "distilled_from": path}  # fmt: skip
@@ -305,6 +288,84 @@ def distill_classifier(config: ml_collections.ConfigDict, workdir: str) -> dict:
     splits = labeled_splits(task, features)
     write_report(os.path.join(workdir, "results.md"), results, splits[0], splits[-1])
     return results
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """Refuses an alpha, temperature or teacher_logits setting out of its range."""
+    if not 0.0 <= config.alpha <= 1.0:
+        raise ValueError(f"--config.alpha={config.alpha} must be in [0, 1]")
+    if config.temperature <= 0:
+        raise ValueError(f"--config.temperature={config.temperature} must be positive")
+    if config.teacher_logits not in ("step", "precompute"):
+        raise ValueError(
+            f"--config.teacher_logits={config.teacher_logits!r}: 'step' or 'precompute'"
+        )
+
+
+def load_task(config: ml_collections.ConfigDict, teacher_path: str, meta: dict):
+    """The config's task, checked against the teacher's labels (`meta`, from
+    `load_classifier`), its training split cut to `max_train_examples`."""
+    if meta.get("labels") is None:
+        raise ValueError(f"{teacher_path}: a regression teacher ({meta.get('task')}); "
+                         "distillation here needs class logits")  # fmt: skip
+    task = load_sentence_task(config.task, config.data_dir or None)
+    if list(task.labels or ()) != list(meta["labels"]):
+        raise ValueError(f"{teacher_path} was fine-tuned on labels {meta['labels']}, task "
+                         f"{config.task} has {task.labels} (--config.task)")  # fmt: skip
+    if config.max_train_examples:
+        task.splits["train"] = task.splits["train"][: config.max_train_examples]
+    return task
+
+
+def training_mesh(config: ml_collections.ConfigDict, num_train: int):
+    """The config's mesh, refusing batch sizes it cannot split or `num_train` can't fill."""
+    from bert_jax import finetune_common as common
+    from bert_jax import sharding
+
+    mesh = sharding.create_mesh(config.mesh_shape)
+    common.check_batch_size(config.train_batch_size, mesh, "train_batch_size")
+    common.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
+    if common.steps_per_epoch(num_train, config.train_batch_size) == 0:
+        raise ValueError(f"{num_train} training examples < train_batch_size")
+    return mesh
+
+
+def shard_teacher(teacher, params, config: ml_collections.ConfigDict, mesh):
+    """(teacher params, their shardings): placed as a fine-tuned model of its size would be;
+    they are never updated."""
+    import jax.numpy as jnp
+    import optax
+
+    from bert_jax.train_state import sharded_state
+
+    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
+    frozen, frozen_shardings = sharded_state(teacher, optax.identity(), mesh, sample, params=params)
+    return frozen.params, frozen_shardings.params
+
+
+def score_teacher(
+    config, workdir, teacher, params, shardings, task, features, mesh, scores: dict
+) -> tuple[dict, np.ndarray | None]:
+    """The teacher's logits of every labeled split, scored into `scores`, and, with
+    `teacher_logits="precompute"`, of the train split (saved as teacher_logits_train.npy).
+
+    Returns:
+        ({split: (N, C) logits}, (N, C) train logits or None).
+    """
+    teacher_eval = {}
+    for split in labeled_splits(task, features):
+        logits = teacher_logits_of(teacher, params, shardings, features[split], config, mesh,
+                                   f"teacher {split}")  # fmt: skip
+        teacher_eval[split] = logits
+        scores[split], _ = ftc.score(task, features[split].labels, logits)
+    logging.info("teacher: %s", scores)
+    train_logits = None
+    if config.teacher_logits == "precompute":
+        train_logits = teacher_logits_of(
+            teacher, params, shardings, features["train"], config, mesh, "teacher train"
+        )
+        np.save(os.path.join(workdir, "teacher_logits_train.npy"), train_logits)
+    return teacher_eval, train_logits
 
 
 def write_report(path: str, results: dict, dev: str, split: str) -> None:
@@ -348,6 +409,12 @@ def write_report(path: str, results: dict, dev: str, split: str) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax
+
+    # Every key in its range, the batches over the devices: one line, before any data is read.
+    config_bounds.check_or_exit(
+        flags.FLAGS.config, "finetune", "distill_classification", devices=jax.device_count()
+    )
     distill_classifier(flags.FLAGS.config, flags.FLAGS.workdir)
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bert_jax import config_bounds
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 from experiments import finetune_tagging as ftt
@@ -85,7 +86,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from bert_jax import feature_based, sharding
+    from bert_jax import feature_based
     from bert_jax import finetune_common as common
     from bert_jax.model import BertModel
 
@@ -101,23 +102,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tagger_rng = jax.random.fold_in(init_rng, 1)  # init_rng itself: a from_scratch encoder
     features = ftt.encode_splits(task, tokenizer, config.max_seq_length)
 
-    # The frozen encoder's features, once; its params are dropped before training starts.
-    feature_start = time.time()
-    mesh = sharding.create_mesh(config.mesh_shape)
-    caches = {
-        split: feature_based.compute_features(
-            encoder,
-            encoder_params,
-            {k: getattr(f, k) for k in ftt.INPUT_KEYS},
-            config.layers,
-            batch_size=config.eval_batch_size,
-            mesh=mesh,
-            desc=f"features {split}",
-        )
-        for split, f in features.items()
-    }
-    del encoder_params
-    feature_time = time.time() - feature_start
+    caches, feature_time = cache_features(config, encoder, encoder_params, features)
+    del encoder_params  # dropped before training starts
     feature_shape = caches["train"].feature_shape
     cache_mb = sum(c.values.nbytes for c in caches.values()) / 2**20
     logging.info("features %s %s: %.0f MiB for %d tokens, %.0f s", config.layers,
@@ -183,9 +169,39 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return results
 
 
+def cache_features(
+    config: ml_collections.ConfigDict, encoder, encoder_params, features: dict
+) -> tuple[dict[str, FeatureCache], float]:
+    """The frozen encoder's features of every split, computed once and deterministically
+    (`config.layers` combines its hidden states); returns them and the seconds they took."""
+    from bert_jax import feature_based, sharding
+
+    feature_start = time.time()
+    mesh = sharding.create_mesh(config.mesh_shape)
+    caches = {
+        split: feature_based.compute_features(
+            encoder,
+            encoder_params,
+            {k: getattr(f, k) for k in ftt.INPUT_KEYS},
+            config.layers,
+            batch_size=config.eval_batch_size,
+            mesh=mesh,
+            desc=f"features {split}",
+        )
+        for split, f in features.items()
+    }
+    return caches, time.time() - feature_start
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax
+
+    # Every key in its range, the batches over the devices: one line, before any data is read.
+    config_bounds.check_or_exit(
+        flags.FLAGS.config, "finetune", "feature_based_tagging", devices=jax.device_count()
+    )
     finetune(flags.FLAGS.config, flags.FLAGS.workdir)
 
 

@@ -35,7 +35,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import scoring
+from bert_jax import config_bounds, scoring
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 from data_pipelines.tasks import glue
@@ -165,6 +165,39 @@ def finetune(
 
     start_time = time.time()
     os.makedirs(workdir, exist_ok=True)
+    task = load_task(config)
+    num_outputs = 1 if task.labels is None else len(task.labels)
+    model, bert_config, params, tokenizer, vocab_file, init_step = common.load_task_model(
+        config, BertForSequenceClassification(BertConfig(), num_outputs, pooling=config.pooling)
+    )
+    features = encode_splits(task, tokenizer, config)
+    run = common.setup(
+        config, model, params, len(features["train"]),
+        functools.partial(train_loss, model=model, regression=task.labels is None),
+        (*INPUT_KEYS, "labels"), functools.partial(predict_step, model=model), INPUT_KEYS,
+    )  # fmt: skip
+    del params
+    results = describe(task, features, config, init_step, run.num_steps)
+    logging.info("%s: %d train examples, %d steps of %d; model %s", task.name,
+                 len(features["train"]), run.num_steps, config.train_batch_size,
+                 bert_config)  # fmt: skip
+    with sharding.activation_context(run.mesh):
+        state, final_logits = train_and_score(
+            config, workdir, task, features, run, results, show_progress=show_progress
+        )
+        write_final_predictions(
+            config, workdir, task, features, run, state.params, final_logits, results,
+            show_progress=show_progress,
+        )  # fmt: skip
+    save_model(config, workdir, task, bert_config, state.params, vocab_file, init_step)
+    results["wall_time_s"] = time.time() - start_time
+    common.write_json(os.path.join(workdir, "metrics.json"), results)
+    logging.info("final: %s", {k: results.get(k) for k in ("epochs", "test", "wall_time_s")})
+    return results
+
+
+def load_task(config: ml_collections.ConfigDict) -> SentenceTask:
+    """The config's task, its training split cut to a random `max_train_examples`."""
     task = load_sentence_task(
         config.task, config.data_dir or None, source=config.data_source,
         skip_malformed=config.skip_malformed,
@@ -175,12 +208,17 @@ def finetune(
         train = task.splits["train"]
         chosen = np.random.default_rng(config.seed).permutation(len(train))
         task.splits["train"] = [train[i] for i in np.sort(chosen[: config.max_train_examples])]
-    num_outputs = 1 if task.labels is None else len(task.labels)
-    model, bert_config, params, tokenizer, vocab_file, init_step = common.load_task_model(
-        config, BertForSequenceClassification(BertConfig(), num_outputs, pooling=config.pooling)
-    )
-    _, dropout_rng = common.run_keys(config)
+    return task
 
+
+def encode_splits(
+    task: SentenceTask, tokenizer, config: ml_collections.ConfigDict
+) -> dict[str, SentenceFeatures]:
+    """Every split as model inputs (`encode_sentences`).
+
+    Raises:
+        ValueError: the train split has no labels.
+    """
     features = {
         split: encode_sentences(
             examples,
@@ -192,24 +230,21 @@ def finetune(
         )  # fmt: skip
         for split, examples in task.splits.items()
     }
-    train = features["train"]
-    if train.labels is None:
+    if features["train"].labels is None:
         raise ValueError(f"{task.name} train split has no labels")
+    return features
 
-    regression = task.labels is None
-    train_keys = (*INPUT_KEYS, "labels")
-    run = common.setup(
-        config, model, params, len(train),
-        functools.partial(train_loss, model=model, regression=regression), train_keys,
-        functools.partial(predict_step, model=model), INPUT_KEYS,
-    )  # fmt: skip
-    del params
-    mesh, state, num_steps = run.mesh, run.state, run.num_steps
-    step_fn, predict_fn = run.train_step, run.predict_step
-    train_arrays = {"input_ids": train.input_ids, "input_mask": train.input_mask,
-                    "segment_ids": train.segment_ids, "labels": train.labels}  # fmt: skip
 
-    results = {
+def describe(
+    task: SentenceTask,
+    features: dict[str, SentenceFeatures],
+    config: ml_collections.ConfigDict,
+    init_step: int | None,
+    num_steps: int,
+) -> dict:
+    """What metrics.json says before the first epoch: the data, the encoder's checkpoint
+    (`init_step`: the pretraining checkpoint step `init_from` gave) and the run's length."""
+    return {
         "task": task.name,
         "init_from": config.init_from,
         "init_step": init_step,  # of a pretraining workdir: the checkpoint it read
@@ -220,64 +255,126 @@ def finetune(
         "num_train_steps": num_steps,
         "epochs": [],
     }
-    logging.info("%s: %d train examples, %d steps of %d; model %s", task.name, len(train),
-                 num_steps, config.train_batch_size, bert_config)  # fmt: skip
+
+
+def train_and_score(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    task: SentenceTask,
+    features: dict[str, SentenceFeatures],
+    run,
+    results: dict,
+    *,
+    show_progress: bool = True,
+):
+    """The epochs, each logged to train_log.jsonl; returns (final state, final logits).
+
+    After every `eval_every_epochs`-th epoch and the last, the eval splits are scored and
+    metrics.json (`results`, whose `epochs` list grows) is rewritten. The last epoch's
+    logits (split -> (N, C)), those of the final model, are returned for reuse.
+
+    Args:
+        run: `finetune_common.setup`'s: the mesh, the starting state and the jitted steps.
+    """
+    from bert_jax import finetune_common as common
+
+    _, dropout_rng = common.run_keys(config)
+    train = features["train"]
+    train_arrays = {"input_ids": train.input_ids, "input_mask": train.input_mask,
+                    "segment_ids": train.segment_ids, "labels": train.labels}  # fmt: skip
+    state, final_logits = run.state, {}
     log_path = os.path.join(workdir, "train_log.jsonl")
-    final_logits = {}  # split -> logits of the final model, kept from the last epoch's scoring
-    with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
+    with open(log_path, "w", encoding="utf-8") as log_file:
         for epoch in range(1, config.num_epochs + 1):
             state, loss = common.train_epoch(
-                step_fn, state, dropout_rng, train_arrays, epoch=epoch, config=config, mesh=mesh,
-                log_file=log_file, show_progress=show_progress,
+                run.train_step, state, dropout_rng, train_arrays, epoch=epoch, config=config,
+                mesh=run.mesh, log_file=log_file, show_progress=show_progress,
             )  # fmt: skip
             epoch_result = {"epoch": epoch, "train_loss": loss}
             scored = epoch % config.eval_every_epochs == 0 or epoch == config.num_epochs
             for split in task.eval_splits if scored else ():
-                logits = predict(predict_fn, state.params, features[split],
-                                 config.eval_batch_size, mesh, f"eval {split}",
+                logits = predict(run.predict_step, state.params, features[split],
+                                 config.eval_batch_size, run.mesh, f"eval {split}",
                                  show_progress)  # fmt: skip
                 epoch_result[split], _ = score(task, features[split].labels, logits)
                 final_logits[split] = logits  # the last epoch's are the final model's
             logging.info("epoch %d: %s", epoch, epoch_result)
             results["epochs"].append(epoch_result)
             common.write_json(os.path.join(workdir, "metrics.json"), results)
+    return state, final_logits
 
-        for split in (*task.eval_splits, *task.test_splits):
-            examples, split_features = task.splits[split], features[split]
-            logits = final_logits.get(split)
-            if logits is None:
-                logits = predict(predict_fn, state.params, split_features,
-                                 config.eval_batch_size, mesh, f"predict {split}",
-                                 show_progress)  # fmt: skip
-            if split_features.labels is not None:
-                metrics, predictions = score(task, split_features.labels, logits)
-                if split in task.test_splits:
-                    results.setdefault("test", {})[split] = metrics
-            else:
-                predictions = logits[:, 0] if regression else logits.argmax(-1)
-            write_predictions(os.path.join(workdir, f"predictions_{split}.tsv"), task, examples,
-                              logits, predictions)  # fmt: skip
-            if split_features.labels is None and split in task.submission_files:
-                os.makedirs(os.path.join(workdir, "submission"), exist_ok=True)
-                path = os.path.join(workdir, "submission", task.submission_files[split])
-                glue.write_submission(path, task.glue_task, [e.guid for e in examples], predictions)
-                logging.info("wrote %s", path)
-    meta = {"task": config.task, "labels": task.labels, "num_outputs": num_outputs,
+
+def write_final_predictions(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    task: SentenceTask,
+    features: dict[str, SentenceFeatures],
+    run,
+    params,
+    final_logits: dict[str, np.ndarray],
+    results: dict,
+    *,
+    show_progress: bool = True,
+) -> None:
+    """The final model's predictions of every eval and test split.
+
+    Each split is written to `predictions_<split>.tsv`; a labeled test split is scored into
+    `results["test"]`, an unlabeled one with a GLUE submission file written there too.
+    Splits scored after the last epoch reuse those logits (`final_logits`).
+    """
+    for split in (*task.eval_splits, *task.test_splits):
+        examples, split_features = task.splits[split], features[split]
+        logits = final_logits.get(split)
+        if logits is None:
+            logits = predict(run.predict_step, params, split_features,
+                             config.eval_batch_size, run.mesh, f"predict {split}",
+                             show_progress)  # fmt: skip
+        if split_features.labels is not None:
+            metrics, predictions = score(task, split_features.labels, logits)
+            if split in task.test_splits:
+                results.setdefault("test", {})[split] = metrics
+        else:
+            predictions = logits[:, 0] if task.labels is None else logits.argmax(-1)
+        write_predictions(os.path.join(workdir, f"predictions_{split}.tsv"), task, examples,
+                          logits, predictions)  # fmt: skip
+        if split_features.labels is None and split in task.submission_files:
+            os.makedirs(os.path.join(workdir, "submission"), exist_ok=True)
+            path = os.path.join(workdir, "submission", task.submission_files[split])
+            glue.write_submission(path, task.glue_task, [e.guid for e in examples], predictions)
+            logging.info("wrote %s", path)
+
+
+def save_model(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    task: SentenceTask,
+    bert_config: BertConfig,
+    params,
+    vocab_file: str,
+    init_step: int | None,
+) -> None:
+    """The fine-tuned model in `<workdir>/checkpoint`, with what `load_classifier` needs."""
+    from bert_jax import finetune_common as common
+
+    meta = {"task": config.task, "labels": task.labels,
+            "num_outputs": 1 if task.labels is None else len(task.labels),
             "pooling": config.pooling, "do_lower_case": config.do_lower_case,
             "max_seq_length": config.max_seq_length,
             "init_from": config.init_from, "init_step": init_step,
             "data_dir": config.data_dir}  # fmt: skip
-    common.save_finetuned(os.path.join(workdir, "checkpoint"), bert_config, state.params,
+    common.save_finetuned(os.path.join(workdir, "checkpoint"), bert_config, params,
                           vocab_file=vocab_file, metadata=meta)  # fmt: skip
-    results["wall_time_s"] = time.time() - start_time
-    common.write_json(os.path.join(workdir, "metrics.json"), results)
-    logging.info("final: %s", {k: results.get(k) for k in ("epochs", "test", "wall_time_s")})
-    return results
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax
+
+    # Every key in its range, the batches over the devices: one line, before any data is read.
+    config_bounds.check_or_exit(
+        flags.FLAGS.config, "finetune", "finetune_classification", devices=jax.device_count()
+    )
     finetune(flags.FLAGS.config, flags.FLAGS.workdir)
 
 

@@ -31,7 +31,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from bert_jax import scoring
+from bert_jax import config_bounds, scoring
 from bert_jax.config import BertConfig
 from data_pipelines import cli
 from data_pipelines.tasks.multiple_choice import (
@@ -196,6 +196,12 @@ def accuracy(features: ChoiceFeatures, logits: np.ndarray) -> float:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax
+
+    # Every key in its range, the batches over the devices: one line, before any data is read.
+    config_bounds.check_or_exit(
+        flags.FLAGS.config, "finetune", "finetune_multiple_choice", devices=jax.device_count()
+    )
     finetune(flags.FLAGS.config, flags.FLAGS.workdir)
 
 

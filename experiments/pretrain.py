@@ -19,6 +19,10 @@ FLAGS = flags.FLAGS
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from bert_jax import config_bounds
+
+    # Every key in its range (bert_jax.config_bounds), refused in one line before JAX starts.
+    config_bounds.check_or_exit(FLAGS.config, "pretrain", "pretrain")
     import jax
 
     if FLAGS.coordinator_address or FLAGS.distributed:
@@ -30,6 +34,10 @@ def main(argv):
             num_processes=FLAGS.num_processes,
             process_id=FLAGS.process_id,
         )
+    # The rules that need the device and process counts (the batch over the data-parallel
+    # devices and the data streams), before the mesh, the data and the compile.
+    counts = dict(devices=jax.device_count(), processes=jax.process_count())
+    config_bounds.check_or_exit(FLAGS.config, "pretrain", "pretrain", **counts)
     if jax.process_index() != 0:
         logging.set_verbosity(logging.WARNING)
     if FLAGS.verbosity <= 0:
@@ -44,8 +52,9 @@ def main(argv):
 
     try:
         final = train_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except checkpointing.CheckpointError as error:
-        # A checkpoint that cannot be written or read: one line (the message names it).
+    except (checkpointing.CheckpointError, config_bounds.ConfigError) as error:
+        # A checkpoint that cannot be written or read, or a config the run's parts refuse
+        # (the objective's keys, the records' kind, a resumed model): one line naming it.
         raise SystemExit(f"pretrain: {error}") from None
     if jax.process_index() == 0:
         logging.info("final metrics: %s", final)

@@ -45,6 +45,7 @@ PRETRAINING = {
     "modernbert_base.py": (None,),
     "modernbert_tiny_cpu.py": (None,),
     "modernbert_base_tpu.py": ("phase1", "phase2"),
+    "modernbert_base_recipe_tpu.py": (*(f"warmup{k}" for k in range(1, 6)), "phase1", "phase2"),
     # Its variant is the transformers directory it continues: a published one (all-MiniLM).
     "continue_pretraining.py": (
         os.path.join(
@@ -65,6 +66,7 @@ TPU_CONFIGS = (
     "bert_large_v5e.py",
     "electra_paper.py",
     "modernbert_base_tpu.py",
+    "modernbert_base_recipe_tpu.py",
 )
 # Keys a pretraining config may have beyond the tiny config's (all read by the TPU
 # tooling): the slice, the bucket, the data root, where a phase's step count starts; and
@@ -74,6 +76,9 @@ EXTRA_KEYS = {"topology", "bucket", "data_dir", "start_step", "data.eval_masked_
     f"model.{field}"
     for field in ("position_encoding", "feed_forward", "norm_placement", "linear_bias", "norm_bias")
 }
+# ModernBERT's recipe (modernbert_base_recipe_tpu.py): phase 1's global rotary theta, the shape
+# of phase 3's decay.
+EXTRA_KEYS |= {"model.rope_theta", "optimizer.decay_shape"}
 PAPER_RECIPE = (
     "bert_base.py",
     "bert_large.py",
@@ -162,7 +167,8 @@ def test_phase_2_continues_where_phase_1_stops(name):
     _, two = load(name, "phase2")
     # (T, P) of each phase: BERT's 128/20 then 512/80; ModernBERT's 1,024 then its context
     # extension to 8,192, 30% of the tokens predicted.
-    shapes = {"modernbert_base_tpu.py": ((1024, 320), (8192, 2496))}
+    modern = ((1024, 320), (8192, 2496))
+    shapes = {"modernbert_base_tpu.py": modern, "modernbert_base_recipe_tpu.py": modern}
     first, second = shapes.get(name, ((128, 20), (512, 80)))
     assert (one.data.max_seq_length, one.data.max_predictions_per_seq) == first
     assert (two.data.max_seq_length, two.data.max_predictions_per_seq) == second
@@ -203,6 +209,41 @@ def test_lamb_recipe():
     # Effective batch (micro-batch x accumulation): 64k sequences of 128, then 32k of 512.
     assert one.global_batch_size * one.optimizer.grad_accum_steps == 65_536
     assert two.global_batch_size * two.optimizer.grad_accum_steps == 32_768
+
+
+def test_modernbert_recipe_stages_chain_and_count_the_papers_tokens():
+    # Warner et al. 2024: 1.719T tokens at T=1,024 (the first 50B while the batch grows from
+    # 768 to 4,608), then 250B at T=8,192 and 3e-4, then 50B decayed.
+    module, _ = load("modernbert_base_recipe_tpu.py", "phase1")
+    names = PRETRAINING["modernbert_base_recipe_tpu.py"]
+    configs = [module.get_config(v) for v in names]
+    tokens, stop = 0, 0
+    for name, config in zip(names[:-1], configs[:-1], strict=True):
+        assert config.start_step == stop, name  # each stage resumes where the last stopped
+        assert (config.resume_from != "") == (stop > 0), name
+        steps = config.stop_at_step - config.start_step
+        tokens += steps * config.global_batch_size * config.data.max_seq_length
+        stop = config.stop_at_step
+        assert config.global_batch_size % 64 == 0 and config.optimizer.name == "stable_adamw"
+    assert abs(tokens - 1.719e12) / 1.719e12 < 1e-3
+    batches = [c.global_batch_size for c in configs[:-1]]
+    assert batches == sorted(batches) and batches[-1] == 4_608
+    assert len({c.seed for c in configs}) == len(configs)  # each stage restarts its data
+    two = configs[-1]
+    assert two.start_step == stop and two.resume_from.endswith("_phase1/checkpoints")
+    schedule = optim.learning_rate_schedule(two.optimizer, two.num_train_steps)
+    long_tokens = two.global_batch_size * two.data.max_seq_length
+    decay_start = round(two.num_train_steps - 50e9 / long_tokens)
+    assert abs((decay_start - stop) * long_tokens - 250e9) / 250e9 < 1e-3
+    lr = pytest.approx(3e-4, rel=1e-6)  # f32 schedules
+    assert float(schedule(stop)) == lr and float(schedule(decay_start)) == lr
+    assert 0 < float(schedule(decay_start + 100)) < 3e-4
+    assert float(schedule(two.num_train_steps)) == 0
+    one = optim.learning_rate_schedule(configs[0].optimizer, configs[0].num_train_steps)
+    assert float(one(stop - 1)) == pytest.approx(8e-4, rel=1e-6)  # no decay in phase 1
+    assert (train.model_config(configs[0]).rope_theta, train.model_config(two).rope_theta) == (
+        10_000.0, 160_000.0,
+    )  # fmt: skip
 
 
 def test_paper_slices():

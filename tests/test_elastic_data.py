@@ -16,7 +16,7 @@ import protobuf_records
 import pytest
 import tensorflow as tf
 
-from data_pipelines import input_pipeline, input_streams, tfrecord_files
+from data_pipelines import input_pipeline, input_streams, tfrecord_files, tfrecord_framing
 
 T, P = 16, 4
 CLS, SEP = 101, 102
@@ -226,14 +226,14 @@ def test_record_counts_come_from_the_stats_json_else_from_the_framing(tmp_path):
     paths = input_pipeline.list_files(pattern)
     assert input_streams.record_counts(paths) == dict(zip(paths, [3, 5, 2], strict=True))
     # The framing's count is tf.data's, and a file cut inside a record is named.
-    assert [tfrecord_files.count_records(p) for p in paths] == [
+    assert [tfrecord_framing.count_records(p) for p in paths] == [
         int(tf.data.TFRecordDataset(p).reduce(np.int64(0), lambda n, _: n + 1)) for p in paths
     ]
     cut = str(tmp_path / "cut.tfrecord")
     with open(paths[1], "rb") as f, open(cut, "wb") as out:
         out.write(f.read()[:-3])
     with pytest.raises(ValueError, match="cut.tfrecord: truncated TFRecord file"):
-        tfrecord_files.count_records(cut)
+        tfrecord_framing.count_records(cut)
     with open(paths[0] + ".stats.json", "w") as f:  # the JSON wins: it is not read again
         json.dump({"output_files": paths[:2], "records_per_file": [30, 50]}, f)
     assert input_streams.record_counts(paths) == dict(zip(paths, [30, 50, 2], strict=True))

@@ -175,7 +175,7 @@ def test_a_failure_between_renames_leaves_no_shard(tmp_path, vocab, monkeypatch,
 
 _KILL_AFTER_FIRST_RENAME = """
 import os, signal, sys
-from data_pipelines import tfrecord_files
+from data_pipelines import tfrecord_files, tfrecord_framing
 
 real_replace = os.replace
 def replace(source, target):
@@ -183,7 +183,7 @@ def replace(source, target):
     os.kill(os.getpid(), signal.SIGKILL)
 os.replace = replace
 with tfrecord_files.TFRecordShardWriter(sys.argv[1], num_shards=4) as writer:
-    writer.write_framed(tfrecord_files.frame_records([b"record%d" % i for i in range(8)]))
+    writer.write_framed(tfrecord_framing.frame_records([b"record%d" % i for i in range(8)]))
 """
 
 

@@ -13,7 +13,7 @@ import protobuf_records
 import pytest
 import tensorflow as tf
 
-from data_pipelines import input_pipeline, input_streams, tfrecord_files
+from data_pipelines import input_pipeline, input_streams, tfrecord_framing
 
 T, P = 16, 4
 RECORDS = 10  # per file
@@ -34,7 +34,9 @@ def _write(directory, compress: bool = False) -> list[bytes]:
     """Files a.tfrecord and b.tfrecord of RECORDS records each; returns their framed records."""
     framed = []
     for f, name in enumerate("ab"):
-        records = tfrecord_files.frame_records([_record(10 + f * 100 + i) for i in range(RECORDS)])
+        records = tfrecord_framing.frame_records(
+            [_record(10 + f * 100 + i) for i in range(RECORDS)]
+        )
         data = b"".join(records)
         with open(os.path.join(directory, f"{name}.tfrecord"), "wb") as out:
             out.write(gzip.compress(data) if compress else data)
@@ -107,13 +109,13 @@ def test_a_damaged_record_in_a_compressed_file_is_named_by_file(tmp_path):
 
 
 def test_find_damage_walks_the_framing_to_the_offset(tmp_path):
-    records = tfrecord_files.frame_records([_record(i) for i in range(4)])
+    records = tfrecord_framing.frame_records([_record(i) for i in range(4)])
     path = tmp_path / "x.tfrecord"
     path.write_bytes(b"".join(records))
     starts = [sum(len(r) for r in records[:i]) for i in range(4)]
     # A healthy file: nothing damaged at any record's start, data or in between.
     for offset in (0, 12, starts[2], starts[2] + 12, starts[2] + 5, starts[3] + 100):
-        assert tfrecord_files.find_damage(str(path), offset) is None
+        assert tfrecord_framing.find_damage(str(path), offset) is None
 
 
 def test_batch_size_refusal_names_the_flag_its_value_and_what_fits(tmp_path):

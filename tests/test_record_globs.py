@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 import pytest
 
-from data_pipelines import input_pipeline, input_streams, tfrecord_files
+from data_pipelines import input_pipeline, input_streams, tfrecord_framing
 from data_pipelines.create_pretraining_data import Options, create_pretraining_data
 
 T, P = 32, 5
@@ -103,7 +103,7 @@ def test_record_counts_over_the_train_glob(records_dir, tmp_path):
     files = input_pipeline.list_files(f"{records_dir}/train-*")
     expected = dict(zip(stats["output_files"], stats["records_per_file"], strict=True))
     assert input_streams.record_counts(files) == expected
-    assert {f: tfrecord_files.count_records(f) for f in files} == expected
+    assert {f: tfrecord_framing.count_records(f) for f in files} == expected
     # Without the stats JSON (a copy of the shards alone) the framing gives the same counts.
     for path in files:
         with open(path, "rb") as f:
@@ -139,7 +139,7 @@ def test_a_stray_file_in_the_pattern_is_refused_by_name(records_dir, tmp_path):
 
 
 def test_check_framing(tmp_path):
-    records = b"".join(tfrecord_files.frame_records([b"one", b"two records"]))
+    records = b"".join(tfrecord_framing.frame_records([b"one", b"two records"]))
     good = {
         "plain": (records, None),
         "empty": (b"", None),
@@ -148,7 +148,7 @@ def test_check_framing(tmp_path):
     }
     for name, (data, compression) in good.items():
         (tmp_path / name).write_bytes(data)
-        tfrecord_files.check_framing(str(tmp_path / name), compression)
+        tfrecord_framing.check_framing(str(tmp_path / name), compression)
     bad = {
         "stats.json": (b'{"records_per_file": [1, 2]}\n', None, "not a TFRecord file"),
         "short": (records[:5], None, "not a TFRecord file"),
@@ -159,4 +159,4 @@ def test_check_framing(tmp_path):
     for name, (data, compression, message) in bad.items():
         (tmp_path / name).write_bytes(data)
         with pytest.raises(ValueError, match=f"{tmp_path / name}: {message}"):
-            tfrecord_files.check_framing(str(tmp_path / name), compression)
+            tfrecord_framing.check_framing(str(tmp_path / name), compression)

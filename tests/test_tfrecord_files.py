@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data_pipelines import tfrecord_files
+from data_pipelines import tfrecord_files, tfrecord_framing
 
 
 def _read(path: str) -> list[bytes]:
@@ -17,23 +17,23 @@ def _read(path: str) -> list[bytes]:
 
 def test_crc32c_known_values():
     # RFC 3720 (iSCSI), appendix B.4, and the usual check value.
-    assert tfrecord_files.crc32c(b"123456789") == 0xE3069283
-    assert tfrecord_files.crc32c(bytes(32)) == 0x8A9136AA
-    assert tfrecord_files.crc32c(b"\xff" * 32) == 0x62A8AB43
-    assert tfrecord_files.crc32c(bytes(range(32))) == 0x46DD794E
-    assert tfrecord_files.crc32c(b"") == 0
+    assert tfrecord_framing.crc32c(b"123456789") == 0xE3069283
+    assert tfrecord_framing.crc32c(bytes(32)) == 0x8A9136AA
+    assert tfrecord_framing.crc32c(b"\xff" * 32) == 0x62A8AB43
+    assert tfrecord_framing.crc32c(bytes(range(32))) == 0x46DD794E
+    assert tfrecord_framing.crc32c(b"") == 0
 
 
 def test_masked_crc32c_by_hand():
     # The rotation and delta spelled out on the check value 0xE3069283:
     # c >> 15 = 0x0001C60D and (c << 17) mod 2^32 = 0x25060000, so the rotation is
     # 0x2507C60D; plus 0xA282EAD8 is 0xC78AB0E5.
-    assert tfrecord_files.masked_crc32c(b"123456789") == 0xC78AB0E5
+    assert tfrecord_framing.masked_crc32c(b"123456789") == 0xC78AB0E5
     # A sum past 2^32 wraps: crc(b"a") = 0xC1D04330 rotates to 0x866183A0.
-    assert tfrecord_files.crc32c(b"a") == 0xC1D04330
-    assert tfrecord_files.masked_crc32c(b"a") == 0x866183A0 + 0xA282EAD8 - 2**32
+    assert tfrecord_framing.crc32c(b"a") == 0xC1D04330
+    assert tfrecord_framing.masked_crc32c(b"a") == 0x866183A0 + 0xA282EAD8 - 2**32
     # crc(b"") = 0 masks to the delta itself.
-    assert tfrecord_files.masked_crc32c(b"") == 0xA282EAD8
+    assert tfrecord_framing.masked_crc32c(b"") == 0xA282EAD8
 
 
 def test_framed_records_equal_tensorflow_writer(tmp_path):
@@ -47,16 +47,16 @@ def test_framed_records_equal_tensorflow_writer(tmp_path):
             writer.write(record)
     with open(path, "rb") as f:
         expected = f.read()
-    assert b"".join(tfrecord_files.frame_records(records)) == expected
-    assert tfrecord_files.frame_records([]) == []
+    assert b"".join(tfrecord_framing.frame_records(records)) == expected
+    assert tfrecord_framing.frame_records([]) == []
 
 
 def test_writer_round_robin_atomic_and_readable(tmp_path):
     out = str(tmp_path / "data" / "train.tfrecord")
     records = [b"record%d" % i for i in range(7)]
     writer = tfrecord_files.TFRecordShardWriter(out, num_shards=3)
-    writer.write_framed(tfrecord_files.frame_records(records[:4]))
-    writer.write_framed(tfrecord_files.frame_records(records[4:]))
+    writer.write_framed(tfrecord_framing.frame_records(records[:4]))
+    writer.write_framed(tfrecord_framing.frame_records(records[4:]))
     assert os.listdir(tmp_path / "data") and not any(
         name.endswith(".tfrecord") for name in os.listdir(tmp_path / "data")
     )
@@ -71,7 +71,7 @@ def test_writer_round_robin_atomic_and_readable(tmp_path):
 
     single = str(tmp_path / "one.tfrecord")
     with tfrecord_files.TFRecordShardWriter(single) as writer:
-        writer.write_framed(tfrecord_files.frame_records(records))
+        writer.write_framed(tfrecord_framing.frame_records(records))
     assert _read(single) == records
 
     # One record at a time, round-robin or to a chosen shard; comma-separated paths (the
@@ -81,7 +81,7 @@ def test_writer_round_robin_atomic_and_readable(tmp_path):
         writer.write(b"1")
         writer.write(b"2")
         writer.write(b"3", shard=1)
-        writer.write_framed(tfrecord_files.frame_records([b"4"]))
+        writer.write_framed(tfrecord_framing.frame_records([b"4"]))
     assert writer.counts == [2, 2]
     assert _read(f"{tmp_path}/a.rec") == [b"1", b"4"]
     assert _read(f"{tmp_path}/b.rec") == [b"2", b"3"]
@@ -89,7 +89,7 @@ def test_writer_round_robin_atomic_and_readable(tmp_path):
     failed = tmp_path / "failed"
     with pytest.raises(RuntimeError):
         with tfrecord_files.TFRecordShardWriter(str(failed / "x.tfrecord")) as writer:
-            writer.write_framed(tfrecord_files.frame_records([b"half"]))
+            writer.write_framed(tfrecord_framing.frame_records([b"half"]))
             raise RuntimeError("interrupted")
     assert os.listdir(failed) == []
 

@@ -208,6 +208,19 @@ def test_phase_2_reads_where_tpu_pretrain_wrote_phase_1(name):
     assert checkpoints == (phase2.init_from if name in FRESH_PHASE_2 else phase2.resume_from)
 
 
+def test_modernbert_recipe_stages_resume_where_tpu_pretrain_wrote_the_last():
+    # modernbert_base_recipe_tpu.py: each batch-warmup stage, then phase 1, then phase 2
+    # continues the previous run's full train state (its docstring's loop of PHASE=...).
+    name = "modernbert_base_recipe_tpu.py"
+    variants = ("warmup1", "warmup2", "warmup3", "warmup4", "warmup5", "phase1", "phase2")
+    assert not load_config(name, variants[0]).resume_from
+    for previous, variant in zip(variants, variants[1:], strict=False):
+        [ssh] = dry("tpu-pretrain", CONFIG=f"experiments/configs/{name}", PHASE=previous)
+        workdir = next(a for a in shlex.split(_ssh(ssh, "all")) if a.startswith("--workdir="))
+        resumed = load_config(name, variant).resume_from
+        assert workdir[len("--workdir=") :] + "/checkpoints" == resumed, variant
+
+
 def test_finetune_starts_from_the_phase_2_run():
     [ssh] = dry(
         "tpu-finetune",

@@ -140,7 +140,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "adamw"  # the original BERT AdamW (no bias correction)
     config.optimizer.learning_rate = 1e-4  # peak
-    config.optimizer.warmup_steps = 10_000  # linear warmup from 0
+    config.optimizer.warmup_steps = 10_000  # linear warmup from 0 (0: none)
     config.optimizer.schedule = "linear"  # bert_jax.optim.SCHEDULES ("wsd": warmup-stable-decay)
     config.optimizer.decay_power = 1.0  # linear decay to 0 at num_train_steps
     config.optimizer.decay_fraction = 0.2  # "wsd": the last fifth of the steps decays
@@ -148,7 +148,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.optimizer.b1 = 0.9
     config.optimizer.b2 = 0.999
     config.optimizer.eps = 1e-6
-    config.optimizer.max_grad_norm = 1.0  # global-norm clipping, as the original
+    config.optimizer.max_grad_norm = 1.0  # global-norm clipping, as the original (0: none)
     config.optimizer.grad_accum_steps = 1  # micro-batches per update
     # "bfloat16": Adam's / LAMB's first moment stored in bf16 (2 bytes a weight less state,
     # the update still computed in f32); "float32": the params' dtype (docs/tpu.md).
@@ -167,8 +167,9 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.log_every = 100  # steps between metric writes
     config.eval_every = 10_000  # steps between held-out evaluations (0: never)
     config.eval_steps = 100  # held-out batches per evaluation (the original's max_eval_steps)
-    config.checkpoint_every = 5_000  # steps between (async) checkpoints
-    config.keep_checkpoints = 3  # the newest K are kept
+    # Steps between (async) checkpoints; 0: none periodic, the final one is still written.
+    config.checkpoint_every = 5_000
+    config.keep_checkpoints = 3  # the newest K are kept (K >= 1)
     # Phase 2 continues phase 1's full state: its checkpoints dir (the workdir above).
     config.resume_from = "" if phase == "phase1" else "workdirs/bert_base_phase1/checkpoints"
     config.init_from = ""  # params only: our checkpoints dir, a TF checkpoint or a HF dir
@@ -183,6 +184,6 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.rollback.spike_factor = 2.0  # a spike: loss > factor x the running median
     config.rollback.median_window = 100  # per-step losses in the running median
     config.rollback.skip_batches = 200  # batches skipped after the restored position
-    config.rollback.max_rollbacks = 3  # rollbacks allowed within window_steps; one more stops
+    config.rollback.max_rollbacks = 3  # within window_steps; one more stops (0: the first)
     config.rollback.window_steps = 20_000  # steps within which max_rollbacks are counted
     return config

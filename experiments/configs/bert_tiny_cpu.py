@@ -115,7 +115,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "adamw"  # the original BERT AdamW ("lamb" for huge batches)
     config.optimizer.learning_rate = 1e-3  # peak; small models take a larger rate
-    config.optimizer.warmup_steps = 200  # linear warmup from 0
+    config.optimizer.warmup_steps = 200  # linear warmup from 0 (0: none)
     # After warmup (bert_jax.optim.SCHEDULES): "linear" decays to 0 from step 0 (BERT's,
     # decay_power 1.0); "wsd" holds the peak, then decays over the last decay_fraction.
     config.optimizer.schedule = "linear"
@@ -125,7 +125,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.optimizer.b1 = 0.9
     config.optimizer.b2 = 0.999
     config.optimizer.eps = 1e-6
-    config.optimizer.max_grad_norm = 1.0  # global-norm clipping
+    config.optimizer.max_grad_norm = 1.0  # global-norm clipping (0: none)
     config.optimizer.grad_accum_steps = 1  # micro-batches per update
     # "bfloat16": Adam's / LAMB's first moment stored in bf16 (2 bytes a weight less state,
     # the update still computed in f32); "float32": the params' dtype (docs/tpu.md).
@@ -144,8 +144,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.log_every = 50  # steps between metric writes
     config.eval_every = 500  # steps between held-out evaluations (0: never)
     config.eval_steps = 10  # held-out batches per evaluation
-    config.checkpoint_every = 500  # steps between (async) checkpoints
-    config.keep_checkpoints = 3  # the newest K are kept
+    # Steps between (async) checkpoints; 0: none periodic, the final one is still written.
+    config.checkpoint_every = 500
+    config.keep_checkpoints = 3  # the newest K are kept (K >= 1)
     config.resume_from = ""  # a checkpoints dir with a full state (e.g. phase 1)
     config.init_from = ""  # params only: our checkpoints dir, a TF checkpoint or a HF dir
     # True: resume a checkpoint whose model differs from this config's (a warning names the
@@ -159,6 +160,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.rollback.spike_factor = 2.0  # a spike: loss > factor x the running median
     config.rollback.median_window = 20  # per-step losses in the running median
     config.rollback.skip_batches = 20  # batches skipped after the restored position
-    config.rollback.max_rollbacks = 3  # rollbacks allowed within window_steps; one more stops
+    config.rollback.max_rollbacks = 3  # within window_steps; one more stops (0: the first)
     config.rollback.window_steps = 1_000  # steps within which max_rollbacks are counted
     return config

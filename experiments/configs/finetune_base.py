@@ -28,12 +28,12 @@ def recipe() -> ml_collections.ConfigDict:
     config.eval_batch_size = 64  # global
     config.num_epochs = 3  # passes over the training split
     config.learning_rate = 5e-5  # peak, after warmup
-    config.warmup_proportion = 0.1  # of all train steps, linear from 0
+    config.warmup_proportion = 0.1  # of all train steps, linear from 0 (0: none)
     # "adamw": the original BERT AdamW (no bias correction); "adamw_bias_corrected":
     # Adam's bias correction, steadier for runs of a few hundred steps (Zhang et al. 2021).
     config.optimizer = "adamw"
     config.weight_decay = 0.01  # not on LayerNorm and biases
-    config.max_grad_norm = 1.0  # global-norm clipping
+    config.max_grad_norm = 1.0  # global-norm clipping (0: none)
     config.seed = 0  # init of what is not restored (head, student), data order, dropout
     # The PRNG of the dropout masks (bert_jax.train_state.PRNG_IMPLS): "threefry2x32", or
     # "rbg" / "unsafe_rbg", cheaper on TPU and GPU. The initialisation is threefry in all.
@@ -66,7 +66,7 @@ def classification(task: str) -> ml_collections.ConfigDict:
     config.data_source = "tsv"  # GLUE only: "tsv" files or "tfds"
     config.skip_malformed = False  # GLUE only: skip unparsable rows (logged) instead of failing
     config.pooling = "cls"  # BERT's tanh pooler on [CLS]; "mean": mean of the last layer
-    config.keep_tail = 0  # long single texts keep their last N pieces too (head+tail)
+    config.keep_tail = 0  # long single texts keep their last N pieces too (0: the head only)
     config.eval_every_epochs = 1  # dev scores after every N-th epoch (and the last)
     return config
 

@@ -1,0 +1,378 @@
+r"""Where a compiled train step's HBM traffic goes, by op kind: the TPU compiler's own estimate.
+
+Compiles a config's train step for its TPU slice with the layers unrolled (as
+`experiments.aot_compile` does for its step-time estimate: the cost model counts a scanned
+layer body once), then reads the compiled program's text (`compiled.as_text()`, after every
+optimisation: fusion, rematerialisation, memory-space assignment). The cost model's totals
+(`cost_analysis()`: "bytes accessed", "flops", `optimal_seconds`) are per program, not per
+op, so each top-level op of the entry computation is measured from the program text:
+
+- bytes: the sizes of its operands plus its result (an async copy or slice: what it moves,
+  read and written; a tuple element, bitcast or parameter: nothing), counted whatever
+  memory space the buffer is assigned to (the compiler's per-program figure does the
+  same: the totals below agree with it to a few percent);
+- cycles: the `estimated_cycles` the TPU compiler writes into each op's backend config
+  (its cost model's time for the op; absent on some ops);
+- kind: from the names the ops carry (`metadata op_name`, the jax name stack: layer, module,
+  primitive) and the ops inside a fusion (a `convolution` is a matmul), by the first rule
+  of `KINDS` that matches.
+
+The table is printed with each kind's GB, share of the program's bytes, estimated cycles'
+share, and the program's totals beside the cost model's, so the method's error is on the
+page. Examples:
+
+  python -m benchmarks.hbm_breakdown \
+      --config=experiments/configs/modernbert_base_tpu.py:phase1
+  python -m benchmarks.hbm_breakdown --config=experiments/configs/modernbert_base_tpu.py:phase1 \
+      --save_hlo=/tmp/phase1.hlo        # keep the program text; --hlo=/tmp/phase1.hlo re-reads it
+(docs/tpu_modernbert_recipe.md has the table of 2026-11-29.)
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from data_pipelines import cli
+
+FLAGS = flags.FLAGS
+
+# Bytes per element of each HLO element type.
+_ELEMENT_BYTES = {
+    "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+    "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+    "s32": 4, "u32": 4, "f32": 4,
+    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+    "token": 0,
+}  # fmt: skip
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](?:\{([^}]*)\})?")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_CYCLES = re.compile(r'"estimated_cycles":"([0-9]+)"')
+_CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)")
+
+# Ops that move nothing themselves (views, tuples, the second half of an async pair).
+_FREE = {
+    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "partition-id",
+    "replica-id", "copy-done", "slice-done", "all-reduce-done", "all-gather-done",
+    "collective-permute-done", "async-done", "after-all", "iota",
+}  # fmt: skip
+_COLLECTIVES = (
+    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+)  # fmt: skip
+_DATA_MOVEMENT = {
+    "copy", "copy-start", "slice-start", "transpose", "dynamic-update-slice",
+    "dynamic-slice", "pad", "reshape", "slice", "concatenate", "custom-call",
+}  # fmt: skip
+
+# (kind, test on (opcode, names inside, fused opcodes)) in order: the first match wins. The
+# names are the jax name stack of each op (the model's module path, then the primitive).
+KINDS = (
+    "collectives",  # gradient all-reduce / reduce-scatter, weight all-gathers
+    "optimizer update",  # the weight update, gradient norms, the step's bookkeeping
+    "attention scores/softmax",  # q.k, mask, softmax, p.v (and their gradients)
+    "matmuls",  # the weight matmuls (q/k/v/out, GeGLU in/out, MLM head, embeddings)
+    "norms, GeGLU, rotary (elementwise)",  # LayerNorm, activations, rotary, residual adds
+    "MLM head and loss",  # gathers of masked positions, log-softmax, scatter of the grad
+    "copies/transposes",  # layout changes, prefetch slices, async copies
+    "other",
+)
+
+
+def classify(opcode: str, names: list[str], fused: set[str]) -> str:
+    """The `KINDS` entry of one top-level op."""
+    text = " ".join(names)
+    if any(opcode.startswith(c) for c in _COLLECTIVES) or fused & set(_COLLECTIVES):
+        return "collectives"
+    model = [n for n in names if "BertForPreTraining" in n or "jvp(" in n]
+    if not model and (
+        any(n.startswith("state.") or "opt_state" in n for n in names)
+        or (names and opcode not in _DATA_MOVEMENT)
+    ):
+        return "optimizer update"
+    if "attention._attend" in text:
+        return "attention scores/softmax"
+    if "convolution" in fused or "dot" in fused or opcode in ("convolution", "dot"):
+        return "matmuls"
+    if opcode in _DATA_MOVEMENT or (fused and fused <= _DATA_MOVEMENT | {"parameter"}):
+        return "copies/transposes"
+    if "take_along_axis" in text or "/mlm/" in text or "log_softmax" in text:
+        return "MLM head and loss"
+    if "encoder/" in text or "embeddings/" in text:
+        return "norms, GeGLU, rotary (elementwise)"
+    return "other"
+
+
+def _padded(dims: list[int], layout: str) -> list[int]:
+    """`dims` grown to whole tiles of the layout's first tile, T(a, b)(c, d): the most minor
+    dim to a multiple of b x d, the next to a x c (bf16's (2,1): two rows per 32-bit word)."""
+    m = re.match(r"([0-9,]*):T\(([0-9,]+)\)(?:\(([0-9,]+)\))?", layout)
+    if not m or not dims:
+        return dims
+    order = [int(d) for d in m.group(1).split(",") if d]  # minor to major
+    tile = [int(t) for t in m.group(2).split(",")]
+    sub = [int(t) for t in m.group(3).split(",")] if m.group(3) else [1] * len(tile)
+    padded = list(dims)
+    for k, (t, u) in enumerate(zip(reversed(tile), reversed(sub), strict=True)):
+        if k < len(order):
+            d = order[k]
+            size = t * u
+            padded[d] = -(-padded[d] // size) * size
+    return padded
+
+
+def array_bytes(shape_text: str, tiled: bool = True) -> int:
+    """Bytes of every array in an HLO shape (a tuple's elements summed); `tiled`: as laid out
+    in memory, each array grown to whole tiles of its layout (a head dim of 64 fills a
+    128-wide tile)."""
+    total = 0
+    for dtype, dims, layout in _ARRAY.findall(shape_text):
+        if dtype not in _ELEMENT_BYTES:
+            continue
+        sizes = [int(d) for d in dims.split(",") if d]
+        if tiled:
+            sizes = _padded(sizes, layout)
+        n = 1
+        for d in sizes:
+            n *= d
+        total += n * _ELEMENT_BYTES[dtype]
+    return total
+
+
+def _matching(text: str, start: int) -> int:
+    """Index just past the parenthesis group opening at text[start]."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i + 1
+    raise ValueError(f"unbalanced parentheses in {text[:80]!r}")
+
+
+@dataclasses.dataclass
+class Instruction:
+    name: str
+    shape: str  # the result's HLO shape text
+    opcode: str
+    operands: list[str]
+    attrs: str  # everything after the operand list
+
+
+def parse_instruction(line: str) -> Instruction | None:
+    """One `%name = shape opcode(operands), attrs` line of HLO text; None for other lines."""
+    m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = ", line)
+    if not m:
+        return None
+    rest = line[m.end() :]
+    if rest.startswith("("):
+        end = _matching(rest, 0)
+        shape, rest = rest[:end], rest[end:].lstrip()
+    else:
+        shape, _, rest = rest.partition(" ")
+    op = re.match(r"([a-z][\w\-]*)\(", rest)
+    if not op:
+        return None
+    end = _matching(rest, op.end() - 1)
+    operands = re.findall(r"%([\w.\-]+)", rest[op.end() : end - 1])
+    return Instruction(m.group(1), shape, op.group(1), operands, rest[end:])
+
+
+def computations(hlo_text: str) -> tuple[dict[str, list[Instruction]], str]:
+    """The program's computations by name, and the entry computation's name."""
+    comps, entry, current = {}, None, None
+    for line in hlo_text.splitlines():
+        header = re.match(r"(ENTRY )?%([\w.\-]+) .*\{\s*$", line)
+        if header and not line.startswith(" "):
+            current = header.group(2)
+            comps[current] = []
+            if header.group(1):
+                entry = current
+            continue
+        if line.startswith("}"):
+            current = None
+            continue
+        if current is not None:
+            inst = parse_instruction(line)
+            if inst is not None:
+                comps[current].append(inst)
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+    return comps, entry
+
+
+@dataclasses.dataclass
+class OpCost:
+    name: str
+    opcode: str
+    kind: str
+    bytes: int
+    cycles: int
+    op_name: str
+
+
+def _inside(comps, name: str, seen=None) -> tuple[set[str], list[str]]:
+    """Opcodes and op names of a computation and of everything it calls."""
+    seen = seen if seen is not None else set()
+    if name in seen or name not in comps:
+        return set(), []
+    seen.add(name)
+    opcodes, names = set(), []
+    for inst in comps[name]:
+        opcodes.add(inst.opcode)
+        names += _OP_NAME.findall(inst.attrs)
+        for callee in _CALLS.findall(inst.attrs):
+            more_ops, more_names = _inside(comps, callee, seen)
+            opcodes |= more_ops
+            names += more_names
+    return opcodes, names
+
+
+def op_costs(hlo_text: str) -> list[OpCost]:
+    """Bytes, estimated cycles and kind of each top-level op of the program's entry."""
+    comps, entry = computations(hlo_text)
+    shapes = {i.name: i.shape for insts in comps.values() for i in insts}
+    costs = []
+    for inst in comps[entry]:
+        if inst.opcode in _FREE:
+            continue
+        result = inst.shape
+        if inst.opcode in ("copy-start", "slice-start"):
+            # A copy's (destination, source, context), a slice's ((operand), slice, context):
+            # what moves is element 1's bytes, read from one memory and written to another.
+            elements = _ARRAY.findall(result)
+            moved = array_bytes("{}[{}]{{{}}}".format(*elements[1])) if len(elements) > 1 else 0
+            nbytes = 2 * moved
+        else:
+            nbytes = array_bytes(result) + sum(
+                array_bytes(shapes.get(o, "")) for o in inst.operands
+            )
+        fused, names = set(), _OP_NAME.findall(inst.attrs)
+        for callee in _CALLS.findall(inst.attrs):
+            more_ops, more_names = _inside(comps, callee)
+            fused |= more_ops
+            names += more_names
+        cycles = _CYCLES.search(inst.attrs)
+        costs.append(
+            OpCost(
+                name=inst.name,
+                opcode=inst.opcode,
+                kind=classify(inst.opcode, names, fused),
+                bytes=nbytes,
+                cycles=int(cycles.group(1)) if cycles else 0,
+                op_name=names[0] if names else "",
+            )
+        )
+    return costs
+
+
+def table(costs: list[OpCost], program_bytes: float | None) -> str:
+    """The markdown table by kind: GB, % of bytes, ops, % of estimated cycles."""
+    by_bytes, by_cycles, count = collections.Counter(), collections.Counter(), collections.Counter()
+    for c in costs:
+        by_bytes[c.kind] += c.bytes
+        by_cycles[c.kind] += c.cycles
+        count[c.kind] += 1
+    total, cycles = sum(by_bytes.values()), sum(by_cycles.values()) or 1
+    lines = [
+        "| op kind | GB / chip / step | % of bytes | ops | % of estimated cycles |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for kind in sorted(KINDS, key=lambda k: -by_bytes[k]):
+        if count[kind]:
+            lines.append(
+                f"| {kind} | {by_bytes[kind] / 1e9:,.1f} | {100 * by_bytes[kind] / total:.1f}% "
+                f"| {count[kind]:,} | {100 * by_cycles[kind] / cycles:.1f}% |"
+            )
+    lines.append(f"| total (sum of the ops) | {total / 1e9:,.1f} | 100% | {len(costs):,} | 100% |")
+    if program_bytes:
+        lines.append(
+            f'\ncost model\'s "bytes accessed" for the program: {program_bytes / 1e9:,.1f} GB '
+            f"(the ops' sum is {100 * total / program_bytes:.1f}% of it)"
+        )
+    return "\n".join(lines)
+
+
+def largest(costs: list[OpCost], n: int) -> str:
+    """The `n` ops that move the most bytes, with their kind and jax name."""
+    rows = sorted(costs, key=lambda c: -c.bytes)[:n]
+    return "\n".join(
+        f"{c.bytes / 1e9:8.2f} GB  {c.cycles:>10,} cyc  {c.kind:<36} {c.opcode:<12} "
+        f"{c.op_name[-110:]}"
+        for c in rows
+    )
+
+
+def compile_program(config, topology: str | None):
+    """(HLO text, cost-model totals) of `config`'s train step, layers unrolled."""
+    from experiments import aot_compile
+
+    topology = topology or config.get("topology")
+    if not topology:
+        raise app.UsageError("the config has no `topology`: pass --topology")
+    devices = aot_compile.slice_devices(topology)
+    start = time.perf_counter()
+    compiled, _, _, _ = aot_compile.compile_steps(
+        aot_compile.unrolled(config), devices, evaluate=False
+    )
+    print(f"compiled for {topology} in {time.perf_counter() - start:.0f} s", flush=True)
+    costs = aot_compile._costs(compiled)
+    totals = {
+        "bytes accessed": costs.get("bytes accessed"),
+        "flops": costs.get("flops"),
+        "optimal_seconds": aot_compile.optimal_seconds(compiled),
+    }
+    return compiled.as_text(), totals
+
+
+def main(argv) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.hlo:
+        with open(FLAGS.hlo) as f:
+            text = f.read()
+        totals = {}
+        if os.path.exists(FLAGS.hlo + ".json"):  # the totals --save_hlo wrote beside it
+            with open(FLAGS.hlo + ".json") as f:
+                totals = json.load(f)
+    elif FLAGS.config is None:
+        raise app.UsageError("give --config (to compile) or --hlo (a saved program text)")
+    else:
+        print(f"config {FLAGS['config'].config_filename}", flush=True)
+        text, totals = compile_program(FLAGS.config, FLAGS.topology)
+        if FLAGS.save_hlo:
+            with open(FLAGS.save_hlo, "w") as f:
+                f.write(text)
+            with open(FLAGS.save_hlo + ".json", "w") as f:
+                json.dump(totals, f)
+    costs = op_costs(text)
+    if totals:
+        seconds, flops = totals.get("optimal_seconds"), totals.get("flops") or 0
+        step = f"{seconds * 1e3:,.1f} ms per step" if seconds else "no step time"
+        print(
+            f"cost model: {totals.get('bytes accessed', 0) / 1e9:,.1f} GB accessed, "
+            f"{flops / 1e12:,.1f} TFLOP (XLA-counted), estimate {step}"
+        )
+    print(table(costs, totals.get("bytes accessed")))
+    if FLAGS.top:
+        print(f"\nthe {FLAGS.top} ops moving the most bytes:")
+        print(largest(costs, FLAGS.top))
+    return 0
+
+
+if __name__ == "__main__":
+    # Compile-only use of libtpu, as experiments.aot_compile's: JAX's own backend is the CPU.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    config_flags.DEFINE_config_file("config", None, "A TPU config (with `topology`), :variant.")
+    flags.DEFINE_string("topology", None, "TPU slice (default: the config's `topology`).")
+    flags.DEFINE_string("hlo", None, "Read this saved program text instead of compiling.")
+    flags.DEFINE_string("save_hlo", None, "Write the compiled program's text (and totals) here.")
+    flags.DEFINE_integer("top", 15, "List the N ops that move the most bytes (0: none).")
+    cli.run(lambda argv: sys.exit(main(argv)))
