@@ -133,7 +133,10 @@ def load_task_model(config: ml_collections.ConfigDict, module: nn.Module) -> Tas
     )
     vocab_file = config.vocab_file or found_vocab
     if not vocab_file:
-        raise ValueError(f"no vocab.txt beside {config.init_from}; set --config.vocab_file")
+        raise ValueError(
+            f"no vocab.txt, tokenizer.json or .model beside {config.init_from}; set "
+            "--config.vocab_file"
+        )
     tokenizer = load_tokenizer(vocab_file, do_lower_case=config.do_lower_case)
     if tokenizer.vocab_size > bert_config.vocab_size:
         raise ValueError(f"{vocab_file} has {tokenizer.vocab_size} tokens > the model's "

@@ -247,6 +247,7 @@ def masking_config(config, tokenizer, masked_lm_prob: float | None = None):
         vocab_size=tokenizer.vocab_size,
         mask_id=tokenizer.mask_id,
         special_ids=(tokenizer.cls_id, tokenizer.sep_id),
+        replacement_ids=tuple(tokenizer.replacement_ids.tolist()),
         max_predictions_per_seq=config.data.max_predictions_per_seq,
         masked_lm_prob=masked_lm_prob or config.data.masked_lm_prob,
         whole_word=config.data.whole_word_mask,

@@ -10,7 +10,17 @@ r"""Trains a BERT vocabulary from a corpus: WordPiece vocab.txt or a sentencepie
   slots) as user-defined symbols; writes `<output_file>` (a `.model`) and the matching
   `.vocab`.
 
-Either output loads with `data_pipelines.tokenization.load_tokenizer`.
+* `--model_type=bpe`: a byte-level BPE like ModernBERT's (and RoBERTa's, GPT-2's): every
+  byte has a token, so no text is ever unknown; words keep their leading space ('Ġthe').
+  `--output_file` is a `tokenizer.json`; `tokenizer_config.json` and
+  `special_tokens_map.json` are written beside it, so the directory loads in transformers
+  (`AutoTokenizer.from_pretrained(dir)`, a fast tokenizer) as well as here. The special
+  tokens are `[PAD] [UNK] [CLS] [SEP] [MASK]` (ids 0-4; `[MASK]` absorbs the space before
+  it, as ModernBERT's `<mask>`), inputs are `[CLS] A [SEP] B [SEP]`, and the vocabulary is
+  padded with `[unusedN]` slots to a multiple of 64 (as ModernBERT's 50368), which keeps the
+  embedding and output matrices in whole tiles on accelerators.
+
+Every output loads with `data_pipelines.tokenization.load_tokenizer`.
 
 Example:
 
@@ -20,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -30,7 +41,9 @@ from data_pipelines import corpora
 
 log = logging.getLogger(__name__)
 
-MODEL_TYPES = ("wordpiece", "sentencepiece")
+MODEL_TYPES = ("wordpiece", "sentencepiece", "bpe")
+# A BPE vocabulary is padded with [unusedN] to a multiple of this (ModernBERT's choice).
+BPE_VOCAB_MULTIPLE = 64
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 
 
@@ -134,6 +147,93 @@ def train_sentencepiece(
     return processor.get_piece_size()
 
 
+def train_bpe(
+    sentences: Iterator[str],
+    output_file: str,
+    *,
+    vocab_size: int,
+    do_lower_case: bool,
+    num_unused: int = 0,
+    min_frequency: int = 2,
+) -> int:
+    """Trains a byte-level BPE; writes `output_file` (tokenizer.json) and its two config
+    files beside it. Returns the vocabulary size: `vocab_size` (plus `num_unused`) rounded
+    up to a multiple of `BPE_VOCAB_MULTIPLE`, the rounding filled with [unusedN] slots."""
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    if os.path.basename(output_file) != "tokenizer.json":
+        raise ValueError(f"a bpe --output_file must be named tokenizer.json, got {output_file}")
+    specials = [PAD, UNK, CLS, SEP, MASK]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(specials) + len(alphabet):
+        raise ValueError(
+            f"--vocab_size={vocab_size} is below the {len(specials)} special tokens and the "
+            f"{len(alphabet)} bytes a byte-level BPE starts from"
+        )
+    tokenizer = Tokenizer(models.BPE())
+    steps = [normalizers.NFC()] + ([normalizers.Lowercase()] if do_lower_case else [])
+    tokenizer.normalizer = normalizers.Sequence(steps)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=specials,
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(sentences, trainer=trainer)
+    if tokenizer.get_vocab_size() <= len(specials) + len(alphabet):
+        raise ValueError("the corpus is empty: no merge was learned")
+    # [MASK] takes the space before it, so "a [MASK]." is 'a' '[MASK]' '.' (ModernBERT's).
+    tokenizer.add_special_tokens([AddedToken(MASK, lstrip=True, normalized=False, special=True)])
+    size = tokenizer.get_vocab_size() + num_unused
+    padded = -(-size // BPE_VOCAB_MULTIPLE) * BPE_VOCAB_MULTIPLE
+    tokenizer.add_special_tokens(
+        [f"[unused{i}]" for i in range(padded - tokenizer.get_vocab_size())]
+    )
+    ids = {t: tokenizer.token_to_id(t) for t in specials}
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}",
+        pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+        special_tokens=[(CLS, ids[CLS]), (SEP, ids[SEP])],
+    )
+    roles = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP}
+    mask = {"content": MASK, "lstrip": True, "normalized": False, "rstrip": False,
+            "single_word": False, "special": True}  # fmt: skip
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **roles,
+        "mask_token": mask,
+        "clean_up_tokenization_spaces": False,
+        # ModernBERT's: no token types (its models take none; pairs differ by [SEP] alone).
+        "model_input_names": ["input_ids", "attention_mask"],
+    }
+    directory = os.path.dirname(os.path.abspath(output_file))
+    _write_json(os.path.join(directory, "special_tokens_map.json"), {**roles, "mask_token": mask})
+    _write_json(os.path.join(directory, "tokenizer_config.json"), config)
+    temporary = output_file + ".incomplete"
+    tokenizer.save(temporary)
+    os.replace(temporary, output_file)  # last: tokenizer.json marks completion
+    return tokenizer.get_vocab_size()
+
+
+def _write_json(path: str, value: dict) -> None:
+    with open(path + ".incomplete", "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".incomplete", path)
+
+
 def build_vocab(
     input_file: str,
     output_file: str,
@@ -158,7 +258,8 @@ def build_vocab(
         os.makedirs(directory, exist_ok=True)
     stats = corpora.ReadStats()
     sentences = iter_sentences(input_file, stats)
-    train = train_wordpiece if model_type == "wordpiece" else train_sentencepiece
+    train = {"wordpiece": train_wordpiece, "sentencepiece": train_sentencepiece,
+             "bpe": train_bpe}[model_type]  # fmt: skip
     size = train(
         sentences,
         output_file,
@@ -202,10 +303,28 @@ if __name__ == "__main__":
         None,
         "Corpus: comma-separated files/globs (plain or .gz), one sentence per line.",
     )
-    flags.DEFINE_string("output_file", None, "vocab.txt (wordpiece) or NAME.model (sentencepiece).")
-    flags.DEFINE_integer("vocab_size", 30522, "Size of the vocabulary, special tokens included.")
+    flags.DEFINE_string(
+        "output_file",
+        None,
+        "vocab.txt (wordpiece), NAME.model (sentencepiece), or DIR/tokenizer.json (bpe: "
+        "tokenizer_config.json and special_tokens_map.json are written beside it).",
+    )
+    flags.DEFINE_integer(
+        "vocab_size",
+        30522,
+        "Size of the vocabulary, special tokens included. bpe pads it with [unusedN] slots "
+        f"to a multiple of {BPE_VOCAB_MULTIPLE}, as ModernBERT.",
+    )
     flags.DEFINE_bool("do_lower_case", True, "Lower-case (uncased vocabulary).")
-    flags.DEFINE_integer("num_unused", 0, "[unusedN] slots after [PAD].")
-    flags.DEFINE_enum("model_type", "wordpiece", list(MODEL_TYPES), "What to train.")
+    flags.DEFINE_integer(
+        "num_unused", 0, "[unusedN] slots: after [PAD] (wordpiece), at the end (bpe)."
+    )
+    flags.DEFINE_enum(
+        "model_type",
+        "wordpiece",
+        list(MODEL_TYPES),
+        "What to train: wordpiece (BERT's vocab.txt), sentencepiece (unigram .model), or bpe "
+        "(a byte-level BPE tokenizer.json like ModernBERT's, which transformers loads).",
+    )
     flags.mark_flags_as_required(["input_file", "output_file"])
     cli.run(main)

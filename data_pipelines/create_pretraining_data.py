@@ -324,8 +324,17 @@ def _define_flags() -> None:
         "(plain or .gz), or tfds:NAME for a TFDS text dataset.",
     )
     flags.DEFINE_string("output_file", None, "Output TFRecord file(s), comma-separated.")
-    flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt or sentencepiece .model.")
-    flags.DEFINE_bool("do_lower_case", defaults.do_lower_case, "Lower-case the input.")
+    flags.DEFINE_string(
+        "vocab_file",
+        None,
+        "WordPiece vocab.txt, sentencepiece .model or Hugging Face tokenizer.json (or a "
+        "directory holding one, e.g. a transformers model's); its special tokens are its own.",
+    )
+    flags.DEFINE_bool(
+        "do_lower_case",
+        defaults.do_lower_case,
+        "Lower-case the input (vocab.txt and .model; a tokenizer.json normalizes itself).",
+    )
     flags.DEFINE_bool(
         "do_whole_word_mask",
         defaults.do_whole_word_mask,
@@ -458,9 +467,11 @@ def main(argv: list[str]) -> None:
         tfds_split=f.tfds_split,
         tfds_text_key=f.tfds_text_key,
     )
+    from data_pipelines.tokenization import VocabError
+
     try:
         stats = create_pretraining_data(options)
-    except corpora.UndecodableInputError as error:
+    except (corpora.UndecodableInputError, VocabError) as error:
         # Not a bug to trace: one line naming the file (no output was written).
         raise SystemExit(f"create_pretraining_data: {error}") from None
     except _Terminated:

@@ -19,6 +19,7 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from data_pipelines import masking_rules
@@ -42,6 +43,9 @@ class MaskingConfig:
     max_predictions_per_seq: int = 20  # fixed length of the masked_lm_* features
     masked_lm_prob: float = 0.15  # fraction of tokens (incl. [CLS]/[SEP]) to predict
     whole_word: bool = False  # mask whole words (word_starts) instead of single pieces
+    # The ids random replacements are drawn from, uniformly (the tokenizer's real tokens,
+    # `replacement_ids`); None: all of [0, vocab_size), as the original BERT.
+    replacement_ids: tuple[int, ...] | None = dataclasses.field(default=None, repr=False)
 
 
 def as_seed(seed: Any) -> tf.Tensor:
@@ -100,11 +104,16 @@ def _mask_batch(
     max_predictions_per_seq: int,
     masked_lm_prob: float,
     whole_word: bool,
+    replacement_ids: np.ndarray | None,
 ) -> dict[str, tf.Tensor]:
     batch, length = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
-    scores, action, random_ids = random_draws(seed, batch, length, vocab_size)
+    # With a table, the draw is an index into it.
+    draws = vocab_size if replacement_ids is None else len(replacement_ids)
+    scores, action, random_ids = random_draws(seed, batch, length, draws)
 
     def apply_rules(input_ids, word_starts, special, real, scores, action, random_ids):
+        if replacement_ids is not None:
+            random_ids = replacement_ids[random_ids]
         masked = masking_rules.mask(
             input_ids,
             real,
@@ -146,6 +155,7 @@ def mask_batch(
     whole_word: bool = False,
     input_mask: Any | None = None,
     lengths: Any | None = None,
+    replacement_ids: Any | None = None,
 ) -> dict[str, tf.Tensor]:
     """Chooses and applies masked-LM predictions on a padded batch.
 
@@ -159,13 +169,14 @@ def mask_batch(
         special_mask_or_ids: a bool (B, T) mask of tokens never to mask, or a 1-D integer
             list of special ids (e.g. `[cls_id, sep_id]`).
         seed: stateless seed: an int32[2] tensor or a Python int. Same seed, same output.
-        vocab_size: random replacements are drawn uniformly from `[0, vocab_size)`.
+        vocab_size: random replacements are drawn uniformly from `[0, vocab_size)`...
         mask_id: id of `[MASK]`.
         max_predictions_per_seq: P, the padded length of the outputs.
         masked_lm_prob: fraction of all real tokens to predict.
         whole_word: mask whole words instead of single pieces.
         input_mask: (B, T) 1 on real tokens; give this or `lengths`.
         lengths: (B,) real tokens per row; give this or `input_mask`.
+        replacement_ids: ... or uniformly from these ids (the tokenizer's real tokens).
 
     Returns:
         `input_ids` (B, T) with the replacements applied; `masked_lm_positions` and
@@ -184,6 +195,7 @@ def mask_batch(
         masked_lm_prob=masked_lm_prob,
         whole_word=whole_word,
     )
+    table = masking_rules.check_replacement_ids(replacement_ids, vocab_size)
     input_ids = tf.convert_to_tensor(input_ids)
     if not input_ids.dtype.is_integer:
         raise ValueError(f"input_ids must be integers, got {input_ids.dtype}")
@@ -220,6 +232,7 @@ def mask_batch(
         max_predictions_per_seq=max_predictions_per_seq,
         masked_lm_prob=masked_lm_prob,
         whole_word=whole_word,
+        replacement_ids=table,
     )
     return {k: v[0] for k, v in out.items()} if unbatched else out
 
@@ -249,6 +262,7 @@ def mask_features(
         masked_lm_prob=config.masked_lm_prob,
         whole_word=config.whole_word,
         input_mask=features["input_mask"],
+        replacement_ids=config.replacement_ids,
     )
     return {
         "input_ids": masked["input_ids"],

@@ -57,6 +57,20 @@ def check_parameters(
         )
 
 
+def check_replacement_ids(replacement_ids, vocab_size: int) -> np.ndarray | None:
+    """The replacement table as a (R,) int32 array (None stays None); raises ValueError on
+    an empty one or ids outside [0, vocab_size)."""
+    if replacement_ids is None:
+        return None
+    table = np.asarray(replacement_ids, np.int32).reshape(-1)
+    if not table.size or table.min() < 0 or table.max() >= vocab_size:
+        raise ValueError(
+            f"replacement_ids must be a non-empty set of ids in [0, {vocab_size}), got "
+            f"{table.size} ids" + (f" in [{table.min()}, {table.max()}]" if table.size else "")
+        )
+    return table
+
+
 def num_to_predict(num_tokens, masked_lm_prob: float, limit: int) -> np.ndarray:
     """min(limit, max(1, round(n * prob))) with Python's half-to-even rounding, (B,) int32."""
     # float64 multiplication and np.round (half to even) reproduce Python's

@@ -58,6 +58,7 @@ def mask_batch(
     max_predictions_per_seq: int,
     masked_lm_prob: float = 0.15,
     whole_word: bool = False,
+    replacement_ids: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Masks a (B, T) batch by `masking_rules`, with numpy's random draws.
 
@@ -72,6 +73,8 @@ def mask_batch(
         max_predictions_per_seq: P, the padded length of the outputs.
         masked_lm_prob: fraction of all real tokens to predict.
         whole_word: mask whole words instead of single pieces.
+        replacement_ids: draw random replacements from these ids instead (the tokenizer's
+            real tokens, `replacement_ids`).
 
     Returns:
         As `masking_rules.mask`: `input_ids` (B, T) and `masked_lm_positions`,
@@ -85,6 +88,7 @@ def mask_batch(
         masked_lm_prob=masked_lm_prob,
         whole_word=whole_word,
     )
+    table = masking_rules.check_replacement_ids(replacement_ids, vocab_size)
     input_ids = np.asarray(input_ids)
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be (B, T), got shape {input_ids.shape}")
@@ -98,7 +102,9 @@ def mask_batch(
 
     def draw_replacements(chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         num_chosen = int(np.count_nonzero(chosen))
-        return rng.random(num_chosen), rng.integers(0, vocab_size, num_chosen)
+        if table is None:
+            return rng.random(num_chosen), rng.integers(0, vocab_size, num_chosen)
+        return rng.random(num_chosen), table[rng.integers(0, len(table), num_chosen)]
 
     return masking_rules.mask(
         input_ids,

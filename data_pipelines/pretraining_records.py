@@ -30,7 +30,7 @@ class RecordEncoder:
     """Masks (static mode) and serialises the instances of chunks, counting the masks.
 
     Args:
-        tokenizer: gives `cls_id sep_id mask_id vocab_size`.
+        tokenizer: gives `cls_id sep_id mask_id vocab_size replacement_ids`.
         random_seed: seeds the masks together with the chunk and batch indices.
         static_masking: True: masked records (`records.MASKED`, the original's); False:
             unmasked records (`records.UNMASKED`) for dynamic masking.
@@ -95,6 +95,7 @@ class RecordEncoder:
             numpy_masking.masking_rng(self.random_seed, chunk_index, batch_index),
             vocab_size=tokenizer.vocab_size,
             mask_id=tokenizer.mask_id,
+            replacement_ids=tokenizer.replacement_ids,
             max_predictions_per_seq=self.max_predictions_per_seq,
             masked_lm_prob=self.masked_lm_prob,
             whole_word=self.whole_word,

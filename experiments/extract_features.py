@@ -71,16 +71,18 @@ def convert_examples(examples: Sequence[Example], tokenizer, seq_length: int) ->
     """Tokenizes and truncates like the original: A alone to L-2, A and B together to L-3."""
     texts_a = tokenizer.tokenize_batch([e.text_a for e in examples])
     texts_b = tokenizer.tokenize_batch([e.text_b or "" for e in examples])
+    # The tokenizer's own names ([CLS] in BERT's, <s> in RoBERTa's).
+    cls, sep = tokenizer.convert_ids_to_tokens([tokenizer.cls_id, tokenizer.sep_id])
     features = []
     for example, tokens_a, tokens_b in zip(examples, texts_a, texts_b, strict=True):
         if tokens_b:  # a B that tokenizes to nothing is no B, as in the original
             truncate_pair(tokens_a, tokens_b, seq_length - 3)
         else:
             tokens_a = tokens_a[: seq_length - 2]
-        tokens = ["[CLS]", *tokens_a, "[SEP]"]
+        tokens = [cls, *tokens_a, sep]
         type_ids = [0] * len(tokens)
         if tokens_b:
-            tokens += [*tokens_b, "[SEP]"]
+            tokens += [*tokens_b, sep]
             type_ids += [1] * (len(tokens_b) + 1)
         ids = tokenizer.convert_tokens_to_ids(tokens)
         features.append(Feature(example.unique_id, tokens, ids, type_ids))
@@ -186,7 +188,7 @@ def run(
     from bert_jax import convert
     from bert_jax.config import BertConfig
     from bert_jax.model import BertModel
-    from data_pipelines.tokenization import WordPieceTokenizer
+    from data_pipelines.tokenization import load_tokenizer
 
     config, params, found_vocab = convert.load_pretrained(
         init_checkpoint,
@@ -196,7 +198,10 @@ def run(
     )
     vocab_file = vocab_file or found_vocab
     if vocab_file is None:
-        raise ValueError(f"--vocab_file is required: no vocab.txt beside {init_checkpoint}")
+        raise ValueError(
+            f"--vocab_file is required: no vocab.txt, tokenizer.json or .model beside "
+            f"{init_checkpoint}"
+        )
     convert.check_vocab(vocab_file, config)  # ids past vocab_size would give NaN features
     if not 3 <= max_seq_length <= config.max_position_embeddings:
         raise ValueError(
@@ -206,7 +211,7 @@ def run(
     if batch_size < 1:
         raise ValueError(f"--batch_size={batch_size} must be positive")
     layer_indexes = parse_layers(layers, config.num_hidden_layers)
-    tokenizer = WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
+    tokenizer = load_tokenizer(vocab_file, do_lower_case=do_lower_case)
     examples = read_examples(input_file)
     features = convert_examples(examples, tokenizer, max_seq_length)
     log.info("%d examples from %s; %s", len(features), input_file, tokenizer)
@@ -235,8 +240,17 @@ def _define_flags():
     flags.DEFINE_string(
         "init_checkpoint", None, "Google TF checkpoint, HF directory or params-only Orbax dir."
     )
-    flags.DEFINE_string("vocab_file", None, "vocab.txt; default: the one beside the checkpoint.")
-    flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (uncased models).")
+    flags.DEFINE_string(
+        "vocab_file",
+        None,
+        "vocab.txt, sentencepiece .model or tokenizer.json (or a directory holding one); "
+        "default: the one beside the checkpoint.",
+    )
+    flags.DEFINE_bool(
+        "do_lower_case",
+        True,
+        "Lower-case the input (uncased vocab.txt or .model; a tokenizer.json normalizes itself).",
+    )
     flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.")
     flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
 

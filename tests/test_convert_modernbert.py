@@ -106,8 +106,21 @@ def hf_dir(tmp_path_factory):
     model = _hf_model(seed=0)
     path = tmp_path_factory.mktemp("modernbert") / "hf"
     model.save_pretrained(path, safe_serialization=True)
-    (path / "tokenizer.json").write_text('{"version": "1.0"}')  # copied as is, not read
+    _write_tokenizer(path)
     return path, model
+
+
+def _write_tokenizer(path) -> None:
+    """A word-level tokenizer.json with the model's 120 ids and its special tokens (pad 0,
+    cls 1, sep 2), as ModernBERT's directory has one instead of a vocab.txt."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    specials = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
+    words = [f"w{i}" for i in range(HF_CONFIG["vocab_size"] - len(specials))]
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + words)}, "[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(specials)
+    tok.save(str(path / "tokenizer.json"))
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +130,8 @@ def loaded(hf_dir):
 
 def test_config_is_modernberts(hf_dir, loaded):
     config, _, vocab_file = loaded
-    assert vocab_file is None  # ModernBERT's directory has tokenizer.json, no vocab.txt
+    # ModernBERT's directory has tokenizer.json, no vocab.txt: the tokenizer is that.
+    assert vocab_file == str(hf_dir[0] / "tokenizer.json")
     assert family_of(config) is modernbert.MODERNBERT
     expected = dict(
         position_encoding="rotary",
@@ -159,7 +173,7 @@ def test_export_loads_in_transformers_with_the_same_logits(hf_dir, loaded, tmp_p
     out = tmp_path / "export"
     tokenizer = convert.readers.tokenizer_files(hf_dir[0])
     convert.save_hf(out, config, params, tokenizer=tokenizer)
-    assert (out / "tokenizer.json").read_text() == '{"version": "1.0"}'
+    assert (out / "tokenizer.json").read_text() == (hf_dir[0] / "tokenizer.json").read_text()
     written = json.loads((out / "config.json").read_text())
     assert written["architectures"] == ["ModernBertForMaskedLM"]
     model, info = transformers.ModernBertForMaskedLM.from_pretrained(
@@ -306,7 +320,7 @@ def test_cli_writes_params_only_orbax_with_the_tokenizer(hf_dir, loaded, tmp_pat
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "No vocab.txt" not in result.stderr  # the tokenizer came along instead
-    assert (out / "tokenizer.json").read_text() == '{"version": "1.0"}'
+    assert (out / "tokenizer.json").read_text() == (hf_dir[0] / "tokenizer.json").read_text()
     config, params, _ = convert.load_params(out)
     assert config == loaded[0]
     state, _ = convert.to_hf_state_dict(config, params)

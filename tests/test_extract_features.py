@@ -29,11 +29,16 @@ LINES = [
 class _Vocab:
     """A whitespace tokenizer over a fixed vocabulary (enough to test the feature logic)."""
 
+    cls_id, sep_id = 101, 102
+
     def tokenize_batch(self, texts):
         return [text.split() for text in texts]
 
     def convert_tokens_to_ids(self, tokens):
         return [len(t) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids):
+        return [{101: "[CLS]", 102: "[SEP]"}[i] for i in ids]
 
 
 def test_read_examples_splits_pairs_and_keeps_blank_lines(tmp_path):

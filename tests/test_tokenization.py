@@ -24,7 +24,7 @@ import unicodedata
 
 import pytest
 
-from data_pipelines import tokenization
+from data_pipelines import tokenization, wordpiece_rules
 from data_pipelines.tokenization import (
     FullTokenizer,
     SentencePieceTokenizer,
@@ -190,15 +190,15 @@ def test_every_assigned_code_point_matches_reference(pair):
 
 def test_unicode_class_table_equals_the_scan(tmp_path, monkeypatch):
     """The checked-in table (the reference tests above ran on it) is this Python's scan."""
-    path = tokenization._class_table_path(unicodedata.unidata_version)
-    assert os.path.exists(path), "run `python -m data_pipelines.tokenization` to write it"
-    assert tokenization._char_classes() == tokenization._scan_char_classes()
+    path = wordpiece_rules._class_table_path(unicodedata.unidata_version)
+    assert os.path.exists(path), "run `python -m data_pipelines.wordpiece_rules` to write it"
+    assert wordpiece_rules._char_classes() == wordpiece_rules._scan_char_classes()
     # A Python whose Unicode version has no table scans its own.
-    monkeypatch.setattr(tokenization, "_CLASS_TABLE_DIR", str(tmp_path))
-    tokenization._char_classes.cache_clear()
+    monkeypatch.setattr(wordpiece_rules, "_CLASS_TABLE_DIR", str(tmp_path))
+    wordpiece_rules._char_classes.cache_clear()
     try:
-        assert tokenization._char_classes() == tokenization._scan_char_classes()
-        assert tokenization.write_class_table() == str(
+        assert wordpiece_rules._char_classes() == wordpiece_rules._scan_char_classes()
+        assert wordpiece_rules.write_class_table() == str(
             tmp_path / f"unicode-{unicodedata.unidata_version}.json"
         )
         assert sorted(os.listdir(tmp_path)) == [f"unicode-{unicodedata.unidata_version}.json"]
@@ -210,7 +210,7 @@ def test_unicode_class_table_equals_the_scan(tmp_path, monkeypatch):
         ):
             assert written.read() == checked_in.read()
     finally:
-        tokenization._char_classes.cache_clear()
+        wordpiece_rules._char_classes.cache_clear()
 
 
 # Text made of assigned characters, with the ones the sigma and CJK rules care about

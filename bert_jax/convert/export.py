@@ -83,6 +83,22 @@ def _hf_name(specs: list[TensorSpec], path: tuple[str, ...]) -> str:
     return next(spec.hf for spec in specs if spec.path == path)
 
 
+def _token_ids(vocab_file: str | None, hf_config: dict) -> dict[str, int]:
+    """The special-token ids of config.json (ModernBERT's pad/cls/sep/bos/eos) from the
+    tokenizer written beside it, where its family's defaults would name other tokens."""
+    if not vocab_file:
+        return {}
+    from data_pipelines import tokenization
+
+    try:
+        tokenizer = tokenization.load_tokenizer(vocab_file)
+    except tokenization.VocabError:  # a vocabulary without BERT's tokens: keep the defaults
+        return {}
+    roles = {"pad_token_id": "pad_id", "cls_token_id": "cls_id", "sep_token_id": "sep_id",
+             "bos_token_id": "cls_id", "eos_token_id": "sep_id"}  # fmt: skip
+    return {key: getattr(tokenizer, role) for key, role in roles.items() if key in hf_config}
+
+
 def save_hf(
     output_dir: str | os.PathLike,
     config: BertConfig,
@@ -109,6 +125,7 @@ def save_hf(
     check_vocab(vocab_file, config)
     state, arch = to_hf_state_dict(config, params)
     hf_config = {**family_of(config).hf_config(config), "architectures": [arch]}
+    hf_config.update(_token_ids(vocab_file, hf_config))
     if arch in ("BertForSequenceClassification", "BertForTokenClassification"):
         labels = state["classifier.bias"].shape[0]
         hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(labels)}

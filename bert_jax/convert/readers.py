@@ -103,7 +103,7 @@ class Source:
 
 
 def check_vocab(vocab_file: str | None, config: BertConfig) -> None:
-    """Refuses a vocab.txt with more tokens than the model has embedding rows.
+    """Refuses a tokenizer file with more tokens than the model has embedding rows.
 
     Its ids past `vocab_size` would gather nothing (NaN features) or be written beside a
     model that cannot embed them. Fewer tokens are fine: embedding tables are often padded
@@ -111,8 +111,12 @@ def check_vocab(vocab_file: str | None, config: BertConfig) -> None:
     """
     if not vocab_file:
         return
-    with open(vocab_file, encoding="utf-8") as f:
-        size = sum(1 for _ in f)
+    from data_pipelines import tokenization
+
+    try:  # any kind: a vocab.txt, a sentencepiece .model, a tokenizer.json
+        size = tokenization.vocab_size_of(vocab_file)
+    except tokenization.VocabError as error:
+        raise ConversionError(str(error)) from None
     if size > config.vocab_size:
         raise ConversionError(
             f"{vocab_file}: {size} tokens but the model's vocab_size is {config.vocab_size}"
@@ -139,6 +143,15 @@ def _reading(location: str, expected: str) -> Iterator[None]:
 def _found(directory: str, name: str) -> str | None:
     path = os.path.join(directory, name)
     return path if os.path.exists(path) else None
+
+
+def _found_vocab(directory: str) -> str | None:
+    """The tokenizer file of a model directory: vocab.txt, else tokenizer.json (ModernBERT's
+    has no vocab.txt), else its one sentencepiece `.model`."""
+    from data_pipelines import tokenization
+
+    directory = directory or "."  # a checkpoint prefix in the working directory
+    return tokenization.find_tokenizer_file(directory) if os.path.isdir(directory) else None
 
 
 def _hf_source(directory: str) -> Source:
@@ -193,7 +206,7 @@ def _hf_source(directory: str) -> Source:
         {name: shapes[key] for name, key in original.items()},
         read,
         families.read_config(config_file) if config_file else None,
-        _found(directory, "vocab.txt"),
+        _found_vocab(directory),
         display,
     )
 
@@ -219,7 +232,7 @@ def _tf_source(prefix: str, config_file: str | None) -> Source:
         reader.get_tensor,
         # Google's "gelu" is the tanh form its checkpoints were trained with.
         BertConfig.from_json_file(config_file, flavour="google") if config_file else None,
-        _found(directory, "vocab.txt"),
+        _found_vocab(directory),
     )
 
 
@@ -258,8 +271,10 @@ def read_train_state(path: str) -> tuple[BertConfig, Params, dict, str | None, i
     objective = experiment.get("objective") or "mlm_nsp"  # configs older than the key
     config = BertConfig.from_experiment(model, vocab_size=table.shape[0], objective=objective)
     vocab_file = (experiment.get("data") or {}).get("vocab_file")
-    if not (vocab_file and vocab_file.endswith(".txt") and os.path.exists(vocab_file)):
+    if not (vocab_file and os.path.exists(vocab_file)):
         vocab_file = None
+    elif os.path.isdir(vocab_file):  # a tokenizer directory: its file
+        vocab_file = _found_vocab(vocab_file)
     return config, params, experiment, vocab_file, step
 
 
@@ -405,9 +420,12 @@ def tokenizer_files(path: str | os.PathLike) -> list[str]:
 
 
 def copy_files(directory: str, vocab_file: str | None, tokenizer: Sequence[str]) -> None:
-    """Copies `vocab_file` (as vocab.txt) and the `tokenizer` files into `directory`."""
-    if vocab_file:
-        shutil.copyfile(vocab_file, os.path.join(directory, "vocab.txt"))
+    """Copies `vocab_file` (a vocab.txt as vocab.txt, a .model under its name, a
+    tokenizer.json with its config files) and the `tokenizer` files into `directory`."""
+    from data_pipelines import tokenization
+
+    for source, name in tokenization.files_to_copy(vocab_file) if vocab_file else ():
+        shutil.copyfile(source, os.path.join(directory, name))
     for path in tokenizer:
         shutil.copyfile(path, os.path.join(directory, os.path.basename(path)))
 
@@ -450,4 +468,4 @@ def load_params(directory: str | os.PathLike) -> tuple[BertConfig, Params, str |
     params = as_numpy(ocp.StandardCheckpointer().restore(os.path.join(directory, "params")))
     # config.json does not record the layout; the params do.
     scanned = "layers" in params.get("bert", params)["encoder"]
-    return config.replace(scan_layers=scanned), params, _found(directory, "vocab.txt")
+    return config.replace(scan_layers=scanned), params, _found_vocab(directory)

@@ -271,6 +271,8 @@ def encode_squad(
     tokens_out, maps, max_contexts = [], [], []
     num_split = num_query_cut = 0
     questions = tokenizer.tokenize_batch([e.question for e in examples])
+    # The tokenizer's own names ([CLS] in BERT's, <s> in RoBERTa's).
+    cls, sep = tokenizer.convert_ids_to_tokens([tokenizer.cls_id, tokenizer.sep_id])
     for index, (example, query) in enumerate(zip(examples, questions, strict=True)):
         if len(query) > max_query_length:
             num_query_cut += 1
@@ -303,13 +305,13 @@ def encode_squad(
         num_split += len(windows) > 1
 
         for w, (start, length) in enumerate(windows):
-            tokens = ["[CLS]", *query, "[SEP]"]
+            tokens = [cls, *query, sep]
             to_word, is_max = {}, {}
             for i in range(start, start + length):
                 to_word[len(tokens)] = piece_to_word[i]
                 is_max[len(tokens)] = _max_context(windows, w, i)
                 tokens.append(doc_tokens[i])
-            tokens.append("[SEP]")
+            tokens.append(sep)
             types = [0] * (len(query) + 2) + [1] * (length + 1)
             start_position = end_position = 0
             if answer is not None and start <= answer[0] and answer[1] < start + length:

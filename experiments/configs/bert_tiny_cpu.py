@@ -69,7 +69,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data = ml_collections.ConfigDict()
     config.data.train_files = "workdirs/shakespeare/train*.tfrecord"  # globs, comma-separated
     config.data.eval_files = "workdirs/shakespeare/eval*.tfrecord"  # "" disables evaluation
-    config.data.vocab_file = "workdirs/shakespeare/vocab.txt"  # vocab.txt or sentencepiece .model
+    config.data.vocab_file = "workdirs/shakespeare/vocab.txt"  # vocab.txt, .model or tokenizer.json
     config.data.do_lower_case = True  # as the vocab was built
     config.data.max_seq_length = 128  # T of the records
     config.data.max_predictions_per_seq = 20  # P of the records
