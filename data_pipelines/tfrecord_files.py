@@ -170,6 +170,7 @@ def _process_alive(pid: int) -> bool:
 
 # ----------------------------------------------------------------------------- readers
 
+
 def check_shard_set(paths: Sequence[str]) -> None:
     """Raises if a file of `paths` belongs to a shard set not (yet) completely renamed.
 
