@@ -12,7 +12,7 @@ the bytes of each kind of collective per core (the collectives' results, by dtyp
 
   python -m benchmarks.bf16_options --config=experiments/configs/bert_large_paper.py:phase1
   python -m benchmarks.bf16_options --what=curves --runs=/tmp/runs
-(docs/tpu.md, "bf16 gradient sums and first moment", has the figures of 2026-11-27.)
+(docs/tpu_estimates.md, "bf16 gradient sums and first moment", has the figures of 2026-11-27.)
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ their shards and all-gathered explicitly, `train_state.gather_params`).
   python -m benchmarks.collectives --what=micro
   python -m benchmarks.collectives --what=step \
       --config=experiments/configs/bert_large_paper.py:phase1 --layers=4
-(docs/tpu.md, "Collectives: explicit all-gather and reduce-scatter", has the figures.)
+(docs/tpu_estimates.md, "Collectives: explicit all-gather and reduce-scatter", has the figures.)
 """
 
 from __future__ import annotations

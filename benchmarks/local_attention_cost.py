@@ -19,7 +19,7 @@ Examples:
   python -m benchmarks.local_attention_cost --platform=tpu --topology=v4:2x2x1 \
       --preset=modernbert_base --seq_len=8192 --dtype=bfloat16
   python -m benchmarks.local_attention_cost --platform=tpu --what=encoder --seq_len=8192
-(docs/tpu.md, "Local attention", has the figures of 2026-11-26.)
+(docs/tpu_estimates.md, "Local attention", has the figures of 2026-11-26.)
 """
 
 from __future__ import annotations

@@ -272,7 +272,7 @@ class SelfAttention(nn.Module):
         local ones are per block): `nn.cond` runs one attention core, projections outside it.
         Each branch is rematerialised, else jax's cond keeps both branches' residuals (local
         layers hold zeros of the global (T, S) probs): ModernBERT-base G-L-L at T = 8,192
-        on TPU v4, 41.4 -> 10.4 GiB (docs/tpu.md "Local attention"; scanning groups of K
+        on TPU v4, 41.4 -> 10.4 GiB (docs/tpu_estimates.md "Local attention"; scanning groups of K
         layers would need a params layout of its own).
         """
         cfg = self.config

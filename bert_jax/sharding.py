@@ -138,7 +138,7 @@ def update_sharding(
     axes go to different dimensions instead, or the leaf is split over as many of them as
     divide (a mesh of `data x fsdp` used as 2,048 data-parallel cores splits BERT-Large's
     1024 x 1024 kernels 64 x 32 ways): less memory, but on TPU v3 a slower step by the
-    compiler's estimate (docs/tpu.md, "LAMB on 2,048 cores").
+    compiler's estimate (docs/tpu_estimates.md, "LAMB on 2,048 cores").
     """
     mesh = compute.mesh
     spec = list(compute.spec) + [None] * (len(shape) - len(compute.spec))

@@ -36,7 +36,7 @@ from bert_jax import sharding
 # split and fold_in keys with it (faster, statistically less vetted). Under a sharded jit
 # the TPU compiler (libtpu 0.0.42.1) does not split RngBitGenerator: every core draws the
 # whole global array, so on a data-parallel TPU step rbg costs more than it saves
-# (docs/tpu.md, "Dropout masks").
+# (docs/tpu_estimates.md, "Dropout masks").
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
@@ -167,7 +167,7 @@ def gather_params(params: Any, layout: UpdateLayout) -> Any:
     matmul kernel split over data-parallel devices is cast to that dtype on its shard and
     gathered by an explicit all-gather (`_gather_kernel`), which is the value the model's
     own cast makes of the gathered f32 kernel: the same forward and backward passes, bit
-    for bit. Which is faster depends on the slice (docs/tpu.md, "Collectives"): on v3-128
+    for bit. Which is faster depends on the slice (docs/tpu_estimates.md, "Collectives"): on v3-128
     the compiler lowers a 64-way gather to an all-reduce of the kernel zero-padded from
     its shard, and given only the constraint it pads in f32 before it converts. Gradients
     stay f32 either way (`bert_jax.model.matmul`) and go back to `layout.update`.

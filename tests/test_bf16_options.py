@@ -6,7 +6,7 @@ Off, the step is today's bit for bit; on, the compiled program's gradient sums a
 (read after SPMD partitioning: XLA:CPU later widens every bf16 all-reduce to f32, the TPU
 compiler keeps it), the step stays close to the f32 one, the moments are bf16 in the state
 and in checkpoints; a bad value is refused naming its key. The held-out curves and the TPU
-compiler's estimates are in docs/tpu.md.
+compiler's estimates are in docs/tpu_estimates.md.
 """
 
 import functools
@@ -151,7 +151,7 @@ def test_bf16_reduction_sums_the_kernel_gradients_in_bf16(tmp_path, shard):
     bf16 = _partitioned_reductions(shard, "bfloat16", tmp_path)
     # Exactly the kernels move to bf16; the tables, LayerNorms and biases stay f32 (on 8
     # data-parallel devices the sharded update's sums are all-reduces too: v3's compiler too
-    # lowers it so, docs/tpu.md).
+    # lowers it so, docs/tpu_estimates.md).
     assert bf16["bf16"] == KERNEL_ELEMENTS, bf16
     if not shard:
         default = _partitioned_reductions(shard, "float32", tmp_path)

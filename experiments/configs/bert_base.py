@@ -51,7 +51,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     # The PRNG of the dropout masks (bert_jax.train_state.PRNG_IMPLS): "threefry2x32", or
     # "rbg" / "unsafe_rbg". The initialisation is threefry in all. On a sharded TPU step
     # rbg is slower, not faster: each core draws the whole global batch's masks (BERT-Large
-    # phase 1 on v3-128: 21.8 GB of HBM traffic a core against 8.4; docs/tpu.md).
+    # phase 1 on v3-128: 21.8 GB of HBM traffic a core against 8.4; docs/tpu_estimates.md).
     config.prng_impl = "threefry2x32"
     # "mlm_nsp": masked LM + next sentence prediction, the paper's (bert_jax.config.OBJECTIVES)
     config.objective = "mlm_nsp"
@@ -105,7 +105,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.data.num_streams = 64
     config.data.pack = False  # True: several instances per row, kept apart (data_pipelines.packing)
     config.data.max_instances_per_row = 4  # instance slots of a packed row (NSP predictions)
-    # A workdir resumed on other data than its checkpoints' (docs/tpu.md section 6): "refuse"
+    # A workdir resumed on other data than its checkpoints' (docs/preemption.md): "refuse"
     # names each change; "restart" reads this data from its beginning at the checkpoint's step.
     config.data.on_change = "refuse"
     # True: train on records whose stats JSON names another vocabulary than vocab_file.
@@ -124,19 +124,20 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     # Sharded weight update (Xu et al. 2020): the f32 params and optimizer moments are stored
     # split over the data-parallel devices, gathered for the passes, the gradients summed
     # into the shards, each device updating 1/N of the weights. Same math, less memory
-    # and far less per-update HBM traffic per device (docs/tpu.md).
+    # and far less per-update HBM traffic per device (docs/tpu_estimates.md).
     config.shard_weight_update = False
     # With it: a leaf no dimension of which divides by all the data-parallel devices is split
     # over two dimensions, or over the mesh axes that divide (else it stays replicated).
-    # Less memory, but a slower step on TPU v3 by the compiler (docs/tpu.md).
+    # Less memory, but a slower step on TPU v3 by the compiler (docs/tpu_estimates.md).
     config.shard_weight_update_spread = False
     # With it: the matmul kernels are gathered by an explicit all-gather of shards cast to
     # model.dtype, not by the partitioner from the f32 shards. Same math; faster by the TPU
-    # compiler on v3-128 (64-way gathers), slower on v4 and v5e (docs/tpu.md, "Collectives").
+    # compiler on v3-128 (64-way gathers), slower on v4 and v5e (docs/tpu_estimates.md,
+    # "Collectives").
     config.shard_weight_update_explicit_gather = False
     # "bfloat16": the matmul kernels' gradients are summed over the data-parallel devices in
     # bf16 (MLPerf BERT's reduce_gradients_in_bf16; needs model.dtype "bfloat16"): half the
-    # bytes of the step's largest collective, rounded sums (docs/tpu.md has both effects).
+    # bytes of the step's largest collective, rounded sums (docs/tpu_estimates.md has both effects).
     config.grad_reduce_dtype = "float32"
 
     config.optimizer = ml_collections.ConfigDict()
@@ -153,7 +154,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.optimizer.max_grad_norm = 1.0  # global-norm clipping, as the original (0: none)
     config.optimizer.grad_accum_steps = 1  # micro-batches per update
     # "bfloat16": Adam's / LAMB's first moment stored in bf16 (2 bytes a weight less state,
-    # the update still computed in f32); "float32": the params' dtype (docs/tpu.md).
+    # the update still computed in f32); "float32": the params' dtype (docs/tpu_estimates.md).
     config.optimizer.mu_dtype = "float32"
 
     # A jax.profiler trace of steps [start_step, start_step + num_steps) in
@@ -179,7 +180,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     # differences); False refuses, naming them (bert_jax.config.model_changes).
     config.allow_model_change = False
 
-    # Loss-spike rollback (bert_jax.rollback, docs/tpu.md): a non-finite metric or a loss
+    # Loss-spike rollback (bert_jax.rollback, docs/preemption.md): a non-finite metric or a loss
     # spike restores the last checkpoint and skips the batches after its data position.
     config.rollback = ml_collections.ConfigDict()
     config.rollback.enabled = False  # False: a non-finite loss stops the run, spikes pass

@@ -32,13 +32,13 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config = cloud_tpu.on_cloud_tpu(
         config, config_name="bert_base_paper", phase=phase, topology="v3:4x4"
     )
-    # The fastest layouts by the TPU compiler's cost model (docs/tpu.md); neither changes
+    # The fastest layouts by the TPU compiler's cost model (docs/tpu_estimates.md); neither changes
     # the math. Phase 1: the train state split over all 32 cores and gathered layer by layer
     # (FSDP); phase 2: split over the cores, gathered once per step (sharded weight update).
     # bf16 gradient sums and bf16 first moment (config.grad_reduce_dtype, optimizer.mu_dtype)
     # stay off: the sums pay by the TPU compiler's estimate (BERT-Large, 4 layers: -5%) but the
     # BERT-tiny curve that shows no loss change ends on the unigram plateau; the moment saves
-    # nothing with the state split over the devices (docs/tpu.md, "bf16 gradient sums").
+    # nothing with the state split over the devices (docs/tpu_estimates.md, "bf16 gradient sums").
     if phase == "phase1":
         config.mesh_shape = (1, -1, 1)  # (data, fsdp, tensor): 32-way FSDP
     else:

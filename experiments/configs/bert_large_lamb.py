@@ -51,7 +51,8 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.model.remat_policy = "dots_with_no_batch_dims_saveable"  # keep weight matmuls
     config.mesh_shape = (-1, 1, 1) if phase == "phase1" else (-1, 8, 1)  # (data, fsdp, tensor)
     # LAMB's state split over the data-parallel cores (a leaf with a dimension that divides):
-    # faster by the TPU compiler's cost model (docs/tpu.md); the trust ratios stay per layer.
+    # faster by the TPU compiler's cost model (docs/tpu_estimates.md); the trust ratios stay
+    # per layer.
     # Phase 1's 1024-wide leaves stay replicated (1.51 GiB a core); a 64 x 32 mesh of data
     # axes with shard_weight_update_spread splits them over two dimensions (0.01 GiB) but
     # costs the compiler 12% more time.

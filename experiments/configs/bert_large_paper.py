@@ -30,14 +30,14 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config = cloud_tpu.on_cloud_tpu(
         config, config_name="bert_large_paper", phase=phase, topology="v3:8x8"
     )
-    # The fastest layouts by the TPU compiler's cost model (docs/tpu.md), none of which
+    # The fastest layouts by the TPU compiler's cost model (docs/tpu_estimates.md), none of which
     # changes the math: the train state split over every core (sharded weight update);
     # phase 1's 2 sequences per core also split each matmul over 2 cores (tensor parallel),
     # phase 2 gathers the weights over groups of 8 cores layer by layer (FSDP).
     # bf16 gradient sums and bf16 first moment (config.grad_reduce_dtype, optimizer.mu_dtype)
     # stay off: the sums pay by the TPU compiler's estimate (BERT-Large, 4 layers: -5%) but the
     # BERT-tiny curve that shows no loss change ends on the unigram plateau; the moment saves
-    # nothing with the state split over the devices (docs/tpu.md, "bf16 gradient sums").
+    # nothing with the state split over the devices (docs/tpu_estimates.md, "bf16 gradient sums").
     config.shard_weight_update = True
     if phase == "phase1":
         config.mesh_shape = (-1, 1, 2)  # (data, fsdp, tensor): 64 data x 2 tensor

@@ -32,10 +32,10 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     # bf16 gradient sums and bf16 first moment (config.grad_reduce_dtype, optimizer.mu_dtype)
     # stay off: the sums pay by the TPU compiler's estimate (BERT-Large, 4 layers: -5%) but the
     # BERT-tiny curve that shows no loss change ends on the unigram plateau; the moment saves
-    # nothing with the state split over the devices (docs/tpu.md, "bf16 gradient sums").
+    # nothing with the state split over the devices (docs/tpu_estimates.md, "bf16 gradient sums").
     config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): 16-way data parallel
     # The train state split over the chips, gathered once a step: the faster layout by the
-    # TPU compiler's cost model (docs/tpu.md); the math is unchanged.
+    # TPU compiler's cost model (docs/tpu_estimates.md); the math is unchanged.
     config.shard_weight_update = True
     if phase == "phase2":  # 16 x 512 tokens per chip: recompute attention, keep the matmuls
         config.model.remat_policy = "dots_with_no_batch_dims_saveable"

@@ -31,7 +31,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     # bf16 gradient sums and bf16 first moment (config.grad_reduce_dtype, optimizer.mu_dtype)
     # stay off: the sums pay by the TPU compiler's estimate (BERT-Large, 4 layers: -5%) but the
     # BERT-tiny curve that shows no loss change ends on the unigram plateau; the moment saves
-    # nothing with the state split over the devices (docs/tpu.md, "bf16 gradient sums").
+    # nothing with the state split over the devices (docs/tpu_estimates.md, "bf16 gradient sums").
     if phase == "phase1":  # the train state split over the chips, gathered once a step
         config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): 16-way data parallel
         config.shard_weight_update = True

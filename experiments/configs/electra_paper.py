@@ -16,7 +16,7 @@ V100 for 4 days and Base on 16 TPU v3 chips for about 4 days; v3-8 and v3-32 (16
 are the nearest Cloud TPU slices. Both run data parallel with the weight update sharded over
 the cores: for Small the TPU compiler's cost model puts it at 8.8 ms a step against 9.5 with
 the update replicated; for Base it is the layout BERT-Base's T=512 phase measured fastest
-(docs/tpu.md, "ELECTRA-Small and ELECTRA-Base").
+(docs/tpu_estimates.md, "ELECTRA-Small and ELECTRA-Base").
 
 Fit check and the compiler's time estimate on this CPU (needs the `tpu` extra):
 
