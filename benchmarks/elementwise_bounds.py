@@ -61,7 +61,7 @@ def without(config, kinds: tuple[str, ...]):
             config.model.attention_probs_dropout_prob = 0.0
     replacements = {}
     if "layer_norm" in kinds:
-        replacements["layer_norm"] = lambda cfg, name: Identity(name=name)
+        replacements["layer_norm"] = lambda cfg, name, dtype=None: Identity(name=name)
     if "gelu" in kinds:
         replacements["activation"] = lambda cfg: lambda x: x
     with contextlib.ExitStack() as patches:

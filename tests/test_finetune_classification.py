@@ -131,7 +131,10 @@ def test_load_task_model_reads_the_config_and_checks_the_vocab(checkpoints, tmp_
     for item in Path(checkpoints["hf"]).iterdir():
         if item.name != "vocab.txt":
             (bare / item.name).symlink_to(item)
-    with pytest.raises(ValueError, match="no vocab.txt beside .*bare; set --config.vocab_file"):
+    with pytest.raises(
+        ValueError,
+        match="no vocab.txt, tokenizer.json or .model beside .*bare; set --config.vocab_file",
+    ):
         common.load_task_model(_task_config(str(bare)), module)
 
 

