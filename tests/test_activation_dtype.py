@@ -4,6 +4,7 @@ GeGLU, rotary) in bf16, statistics and softmax in f32; the default keeps them al
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bert_jax.config import BertConfig
 from bert_jax.model import BertModel
@@ -42,6 +43,8 @@ def _array_dtypes(jaxpr):
     return found
 
 
+# 17 s in the full suite (two bf16 compiles on the CPU): the extended tier, which CI runs too.
+@pytest.mark.extended
 def test_bf16_activations_carry_the_stream_in_bf16_near_the_f32_one():
     full, full_program, real = _run(CONFIG)
     low, low_program, _ = _run(CONFIG.replace(activation_dtype="bfloat16"))
