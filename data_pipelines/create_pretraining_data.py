@@ -54,7 +54,14 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 # No TensorFlow import here: see the module docstring.
-from data_pipelines import chunk_pipeline, corpora, instances, tfrecord_files, vocab_fingerprint
+from data_pipelines import (
+    chunk_pipeline,
+    corpora,
+    embedded_corpora,
+    instances,
+    tfrecord_files,
+    vocab_fingerprint,
+)
 from data_pipelines.pretraining_options import CORPORA, Options  # callers import Options from here
 
 log = logging.getLogger(__name__)
@@ -70,10 +77,10 @@ def iter_documents(options: Options, stats: corpora.ReadStats) -> Iterator[corpo
     """The documents of the input, in order (paragraphs marked `needs_split`)."""
     if options.corpus == "shakespeare":
         # Sentence splitting (pysbd, slow) happens in the workers.
-        yield from corpora.shakespeare_documents(split_sentences=False)
+        yield from embedded_corpora.shakespeare_documents(split_sentences=False)
         return
     if options.corpus == "peoples_daily":
-        yield from corpora.peoples_daily_documents()
+        yield from embedded_corpora.peoples_daily_documents()
         return
     patterns = [p.strip() for p in options.input_file.split(",") if p.strip()]
     for pattern in patterns:

@@ -344,6 +344,88 @@ def _check_records(spec: PipelineSpec, streams: Sequence[int]) -> None:
         )
 
 
+def _stream_layout(
+    num_streams: int | None,
+    process_index: int | None,
+    process_count: int | None,
+    start_position: dict[str, Any] | None,
+) -> tuple[int, range]:
+    """The number of streams and the ones this process reads; None arguments take jax's
+    process index and count and the saved position's stream count (else one per process)."""
+    if process_index is None or process_count is None:
+        import jax  # only for the defaults: the pipeline itself is pure tf.data
+
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
+    if num_streams is None:
+        num_streams = process_count if start_position is None else start_position["num_streams"]
+    return num_streams, process_streams(num_streams, process_index, process_count)
+
+
+def _check_arguments(
+    *,
+    global_batch_size: int,
+    num_streams: int,
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    dynamic_masking: bool,
+    masking_config: masking.MaskingConfig | None,
+    next_token_targets: bool,
+    shuffle_buffer: int,
+    cycle_length: int,
+) -> None:
+    """Refuses a batch the streams cannot share and a targets setting that contradicts
+    itself, before any file is opened."""
+    if global_batch_size < 1 or global_batch_size % num_streams:
+        raise ValueError(
+            f"--config.global_batch_size {global_batch_size} is not a positive multiple of the "
+            f"{num_streams} data streams (--config.data.num_streams; one per process by "
+            f"default): use a multiple of {num_streams}"
+        )
+    if next_token_targets:
+        if not dynamic_masking or masking_config is not None:
+            raise ValueError(
+                "next_token_targets reads unmasked records: give dynamic_masking=True and no "
+                "masking_config"
+            )
+        if max_predictions_per_seq != max_seq_length:
+            raise ValueError(
+                f"next_token_targets needs max_predictions_per_seq == max_seq_length (one "
+                f"slot per position), got {max_predictions_per_seq} and {max_seq_length}"
+            )
+    elif dynamic_masking != (masking_config is not None):
+        raise ValueError("give masking_config exactly when dynamic_masking=True")
+    if masking_config is not None and (
+        masking_config.max_predictions_per_seq != max_predictions_per_seq
+    ):
+        raise ValueError(
+            f"masking_config.max_predictions_per_seq={masking_config.max_predictions_per_seq}"
+            f" differs from max_predictions_per_seq={max_predictions_per_seq}"
+        )
+    if shuffle_buffer < 1 or cycle_length < 1:
+        raise ValueError(f"shuffle_buffer={shuffle_buffer}, cycle_length={cycle_length}: need >= 1")
+
+
+def _input_files(
+    file_patterns: str | Sequence[str], compression: str | None, num_streams: int, starting: bool
+) -> list[str]:
+    """The sorted input files, at least one per stream; at a run's start (`starting`) each
+    is checked to be readable as TFRecords."""
+    files = list_files(file_patterns)
+    if starting:
+        # At a run's start only: a resume opens no file before its position's group (see
+        # input_streams), its files were checked when the run began, and a file added
+        # since changes num_files, which `_check_position` refuses.
+        check_record_files(files, compression, file_patterns)
+    if len(files) < num_streams:
+        raise ValueError(
+            f"{len(files)} input files for {num_streams} data streams (--config.data.num_streams;"
+            f" one per process by default): every stream needs at least one file; write at least "
+            f"{num_streams} shards"
+        )
+    return files
+
+
 def make_pretraining_dataset(
     file_patterns: str | Sequence[str],
     *,
@@ -401,56 +483,21 @@ def make_pretraining_dataset(
             fewer files than streams, records that do not match the lengths, too few
             records for a stream's share of one batch, or a foreign position.
     """
-    if process_index is None or process_count is None:
-        import jax  # only for the defaults: the pipeline itself is pure tf.data
-
-        process_index = jax.process_index() if process_index is None else process_index
-        process_count = jax.process_count() if process_count is None else process_count
     if start_position is not None and "streams" not in start_position:
         start_position = merge_positions([start_position])
-    if num_streams is None:
-        num_streams = process_count if start_position is None else start_position["num_streams"]
-    streams = process_streams(num_streams, process_index, process_count)
-    if global_batch_size < 1 or global_batch_size % num_streams:
-        raise ValueError(
-            f"--config.global_batch_size {global_batch_size} is not a positive multiple of the "
-            f"{num_streams} data streams (--config.data.num_streams; one per process by "
-            f"default): use a multiple of {num_streams}"
-        )
-    if next_token_targets:
-        if not dynamic_masking or masking_config is not None:
-            raise ValueError(
-                "next_token_targets reads unmasked records: give dynamic_masking=True and no "
-                "masking_config"
-            )
-        if max_predictions_per_seq != max_seq_length:
-            raise ValueError(
-                f"next_token_targets needs max_predictions_per_seq == max_seq_length (one "
-                f"slot per position), got {max_predictions_per_seq} and {max_seq_length}"
-            )
-    elif dynamic_masking != (masking_config is not None):
-        raise ValueError("give masking_config exactly when dynamic_masking=True")
-    if masking_config is not None and (
-        masking_config.max_predictions_per_seq != max_predictions_per_seq
-    ):
-        raise ValueError(
-            f"masking_config.max_predictions_per_seq={masking_config.max_predictions_per_seq}"
-            f" differs from max_predictions_per_seq={max_predictions_per_seq}"
-        )
-    if shuffle_buffer < 1 or cycle_length < 1:
-        raise ValueError(f"shuffle_buffer={shuffle_buffer}, cycle_length={cycle_length}: need >= 1")
-    files = list_files(file_patterns)
-    if start_position is None:
-        # At a run's start only: a resume opens no file before its position's group (see
-        # input_streams), its files were checked when the run began, and a file added
-        # since changes num_files, which `_check_position` refuses.
-        check_record_files(files, compression, file_patterns)
-    if len(files) < num_streams:
-        raise ValueError(
-            f"{len(files)} input files for {num_streams} data streams (--config.data.num_streams;"
-            f" one per process by default): every stream needs at least one file; write at least "
-            f"{num_streams} shards"
-        )
+    num_streams, streams = _stream_layout(num_streams, process_index, process_count, start_position)
+    _check_arguments(
+        global_batch_size=global_batch_size,
+        num_streams=num_streams,
+        max_seq_length=max_seq_length,
+        max_predictions_per_seq=max_predictions_per_seq,
+        dynamic_masking=dynamic_masking,
+        masking_config=masking_config,
+        next_token_targets=next_token_targets,
+        shuffle_buffer=shuffle_buffer,
+        cycle_length=cycle_length,
+    )
+    files = _input_files(file_patterns, compression, num_streams, start_position is None)
     spec = PipelineSpec(
         files=tuple(files),
         num_streams=num_streams,

@@ -41,7 +41,7 @@ import logging
 import os
 from collections.abc import Iterator
 
-from data_pipelines import corpora
+from data_pipelines import corpora, embedded_corpora
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def corpus_documents(name: str, *, limit: int | None = None) -> Iterator[corpora
             file (quick tests); None for all.
     """
     if name == "shakespeare":
-        return corpora.shakespeare_documents(split_sentences=True, max_plays=limit)
+        return embedded_corpora.shakespeare_documents(split_sentences=True, max_plays=limit)
     if name == "austen":
         from data_pipelines import austen
 
@@ -68,10 +68,10 @@ def corpus_documents(name: str, *, limit: int | None = None) -> Iterator[corpora
 
         return imdb.imdb_documents(limit=limit)
     if name == "peoples_daily":
-        return corpora.peoples_daily_documents(max_lines=limit)
+        return embedded_corpora.peoples_daily_documents(max_lines=limit)
     if name == "peoples_daily_unlabelled":
         return without_sentences(
-            corpora.peoples_daily_documents(max_lines=limit), held_out_ner_sentences()
+            embedded_corpora.peoples_daily_documents(max_lines=limit), held_out_ner_sentences()
         )
     raise ValueError(f"unknown corpus {name!r}; choose one of {CORPORA}")
 

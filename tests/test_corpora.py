@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from data_pipelines import corpora, prepare_corpus
+from data_pipelines import corpora, embedded_corpora, prepare_corpus
 
 
 def _write(path, data: bytes | str) -> str:
@@ -118,13 +118,13 @@ def test_tfds_adapter_on_a_tf_data_dataset():
 
 
 def test_shakespeare_scenes():
-    docs = list(corpora.shakespeare_documents(split_sentences=False, max_plays=2))
-    paths = corpora.shakespeare_play_paths()
+    docs = list(embedded_corpora.shakespeare_documents(split_sentences=False, max_plays=2))
+    paths = embedded_corpora.shakespeare_play_paths()
     assert len(paths) == 38
     with open(paths[0], encoding="utf-8") as f:
         markdown = f.read()
     scenes = len(re.findall(r"^#+\s*(SCENE|PROLOGUE|EPILOGUE|INDUCTION)", markdown, re.M | re.I))
-    first_play = corpora.parse_play(markdown)
+    first_play = embedded_corpora.parse_play(markdown)
     # One document per scene (prologues and epilogues count as scenes).
     assert len(first_play) == scenes
     assert len(docs) > len(first_play)
@@ -140,7 +140,7 @@ def test_shakespeare_scenes():
 
 
 def test_peoples_daily_articles_and_words():
-    docs = list(corpora.peoples_daily_documents(max_lines=60))
+    docs = list(embedded_corpora.peoples_daily_documents(max_lines=60))
     # The first articles: the New Year address, the New Year editorial, the concert...
     assert docs[0].sentences[0] == "迈向充满希望的新世纪——一九九八年新年讲话（附图片１张）"
     assert docs[1].sentences[0] == "在十五大精神指引下胜利前进——元旦献辞"
@@ -158,12 +158,12 @@ def test_peoples_daily_articles_and_words():
 
 
 def test_peoples_daily_paragraph_kinds():
-    kind = corpora._paragraph_kind
+    kind = embedded_corpora._paragraph_kind
     assert kind(["北京", "举行", "新年", "音乐会"]) == "headline"
     assert kind(["讲话", "（", "附", "图片", "１", "张", "）"]) == "headline"
     assert kind(["谢谢", "！", "（", "新华社", "北京", "电", "）"]) == "body"
     assert kind(["（", "新华社", "记者", "摄", "）"]) == "note"
-    assert corpora.split_words_into_sentences(["好", "。", "”", "他", "说", "！"]) == [
+    assert embedded_corpora.split_words_into_sentences(["好", "。", "”", "他", "说", "！"]) == [
         ["好", "。", "”"],
         ["他", "说", "！"],
     ]

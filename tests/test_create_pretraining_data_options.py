@@ -20,7 +20,7 @@ from create_data_fixtures import (
     _write_documents,
 )
 
-from data_pipelines import corpora, pretraining_records, tokenization
+from data_pipelines import corpora, embedded_corpora, pretraining_records, tokenization
 from data_pipelines.create_pretraining_data import create_pretraining_data
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +32,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def small_file(tmp_path_factory) -> str:
-    documents = list(corpora.shakespeare_documents(split_sentences=False, max_plays=3))[:24]
+    scenes = embedded_corpora.shakespeare_documents(split_sentences=False, max_plays=3)
+    documents = list(scenes)[:24]
     path = tmp_path_factory.mktemp("small") / "small.txt"
     return _write_documents(path, [d.sentences for d in documents])
 

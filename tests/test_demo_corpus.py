@@ -10,7 +10,7 @@ import collections
 
 import pytest
 
-from data_pipelines import corpora, prepare_corpus, recipe
+from data_pipelines import corpora, embedded_corpora, prepare_corpus, recipe
 from data_pipelines.tasks import peoples_daily_ner
 
 
@@ -29,7 +29,7 @@ def scored(ner_data) -> set[str]:
 @pytest.fixture(scope="module")
 def source_sentences() -> list[str]:
     """Every sentence of the People's Daily file, in file order, repeats included."""
-    with open(corpora.peoples_daily_path(), encoding="utf-8") as f:
+    with open(embedded_corpora.peoples_daily_path(), encoding="utf-8") as f:
         return ["".join(e.words) for e in peoples_daily_ner.parse(f, "199801.txt")]
 
 

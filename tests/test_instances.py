@@ -15,7 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from original_bert import original_script
 
-from data_pipelines import ascii_words, corpora, instances, single_segments, tokenization
+from data_pipelines import (
+    ascii_words,
+    corpora,
+    embedded_corpora,
+    instances,
+    single_segments,
+    tokenization,
+)
 
 CLS, SEP = 2, 3
 
@@ -246,7 +253,8 @@ def test_parity_with_original_on_random_documents():
 def test_parity_with_original_on_shakespeare():
     """Real text with long and one-sentence documents: instance for instance the same."""
     _original_functions()
-    documents = list(corpora.shakespeare_documents(split_sentences=False, max_plays=1))[:12]
+    scenes = embedded_corpora.shakespeare_documents(split_sentences=False, max_plays=1)
+    documents = list(scenes)[:12]
     # Token ids: one per distinct word (the pairing never looks at their values).
     word_ids: dict[str, int] = {}
     token_docs = [
@@ -445,7 +453,7 @@ def test_word_starts_from_wordpiece_continuations(tiny_vocab):
 def test_word_starts_from_a_word_segmentation(tmp_path):
     """Chinese: every character is its own WordPiece token, and the corpus' segmentation
     decides which characters belong to one word (People's Daily sample)."""
-    documents = list(corpora.peoples_daily_documents(max_lines=120))
+    documents = list(embedded_corpora.peoples_daily_documents(max_lines=120))
     chars = sorted({c for d in documents for s in d.sentences for c in s})
     vocab = tmp_path / "vocab.txt"
     # Every character, and as a continuation for the non-CJK ones (full-width digits,
@@ -501,7 +509,7 @@ def test_ascii_word_cache_on_shakespeare():
     tok = _minilm_tokenizer(True)
     lines = [
         line.strip()
-        for document in corpora.shakespeare_documents(split_sentences=False, max_plays=2)
+        for document in embedded_corpora.shakespeare_documents(split_sentences=False, max_plays=2)
         for line in document.sentences
     ]
     cache = ascii_words.AsciiWordCache.for_tokenizer(tok)

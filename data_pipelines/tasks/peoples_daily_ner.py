@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from data_pipelines.corpora import peoples_daily_path, split_words_into_sentences
+from data_pipelines.embedded_corpora import peoples_daily_path, split_words_into_sentences
 from data_pipelines.tasks.formats import TaggingExample, TaskDataError
 
 log = logging.getLogger(__name__)
