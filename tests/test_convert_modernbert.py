@@ -326,3 +326,35 @@ def test_cli_writes_params_only_orbax_with_the_tokenizer(hf_dir, loaded, tmp_pat
     state, _ = convert.to_hf_state_dict(config, params)
     for key, value in convert.to_hf_state_dict(*loaded[:2])[0].items():
         np.testing.assert_array_equal(state[key], value, err_msg=key)
+
+
+def test_how_a_model_is_computed_is_not_written_into_its_config(tmp_path):
+    """A run on TPU (splash tiles, bf16 activations, remat) exports the network, not its
+    computation: a reader on a CPU gets the defaults of every computation key."""
+    from bert_jax.convert.families import ours_config_dict
+
+    computed = BertConfig.from_preset(
+        "modernbert_tiny",
+        activation_dtype="bfloat16",
+        attention_implementation="splash",
+        attention_probs_dropout_prob=0.0,
+        splash_block_q=256,
+        splash_block_kv=256,
+        splash_local_block=128,
+        remat_policy="full",
+    )
+    data = ours_config_dict(computed)
+    for key in (
+        "activation_dtype",
+        "attention_implementation",
+        "splash_block_q",
+        "splash_block_kv",
+        "splash_local_block",
+        "remat_policy",
+        "dtype",
+    ):
+        assert key not in data, key
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    read = read_config(tmp_path / "config.json")
+    default = BertConfig.from_preset("modernbert_tiny", attention_probs_dropout_prob=0.0)
+    assert read == default

@@ -28,7 +28,17 @@ HEAD_KEYS = tuple(key for family in FAMILIES for key in family.head_keys)
 OURS = "bert_jax"
 # How a weight is stored and computed, not what the network is: not in our config.json (nor
 # in BERT's, `BertConfig.to_hf_dict`).
-_NOT_WRITTEN = ("dtype", "param_dtype", "scan_layers", "remat_policy", "attention_implementation")
+_NOT_WRITTEN = (
+    "dtype",
+    "param_dtype",
+    "activation_dtype",
+    "scan_layers",
+    "remat_policy",
+    "attention_implementation",
+    "splash_block_q",
+    "splash_block_kv",
+    "splash_local_block",
+)
 
 
 def family_of(config: BertConfig) -> Family:
