@@ -177,7 +177,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.resume_from = "" if phase == "phase1" else "workdirs/bert_base_phase1/checkpoints"
     config.init_from = ""  # params only: our checkpoints dir, a TF checkpoint or a HF dir
     # True: resume a checkpoint whose model differs from this config's (a warning names the
-    # differences); False refuses, naming them (bert_jax.config.model_changes).
+    # differences); False refuses, naming them (bert_jax.model_changes).
     config.allow_model_change = False
 
     # Loss-spike rollback (bert_jax.rollback, docs/preemption.md): a non-finite metric or a loss

@@ -153,7 +153,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.resume_from = ""  # a checkpoints dir with a full state (e.g. phase 1)
     config.init_from = ""  # params only: our checkpoints dir, a TF checkpoint or a HF dir
     # True: resume a checkpoint whose model differs from this config's (a warning names the
-    # differences); False refuses, naming them (bert_jax.config.model_changes).
+    # differences); False refuses, naming them (bert_jax.model_changes).
     config.allow_model_change = False
 
     # Loss-spike rollback (bert_jax.rollback, docs/preemption.md): a non-finite metric or a loss
