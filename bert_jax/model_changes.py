@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bert_jax.config import MODERN_PRESETS, PRESETS, BertConfig, ConfigError, preset_fields
+from bert_jax.config import BertConfig, ConfigError, preset_fields
+from bert_jax.presets import MODERN_PRESETS, PRESETS
 
 # The BertConfig fields that change what the network computes, compared when a run resumes a
 # checkpoint (`model_changes`); `causal` is compared through the objective that sets it. Not

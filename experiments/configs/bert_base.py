@@ -57,7 +57,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.objective = "mlm_nsp"
 
     config.model = ml_collections.ConfigDict()
-    config.model.preset = "base"  # L12/H768/A12 (bert_jax.config.PRESETS)
+    config.model.preset = "base"  # L12/H768/A12 (bert_jax.presets.PRESETS)
     # Other sizes on the same recipe (None: the preset's), as in the tiny config.
     config.model.num_hidden_layers = placeholder(int)  # L
     config.model.hidden_size = placeholder(int)  # H

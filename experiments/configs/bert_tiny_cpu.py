@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.objective = "mlm_nsp"
 
     config.model = ml_collections.ConfigDict()
-    config.model.preset = "tiny"  # L2/H128/A2 (bert_jax.config.PRESETS)
+    config.model.preset = "tiny"  # L2/H128/A2 (bert_jax.presets.PRESETS)
     # Other sizes on the same recipe (None: the preset's), e.g. experiments.ablations' Table 6.
     config.model.num_hidden_layers = placeholder(int)  # L
     config.model.hidden_size = placeholder(int)  # H
