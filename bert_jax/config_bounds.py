@@ -29,11 +29,9 @@ from bert_jax.config import (
     ATTENTION_IMPLEMENTATIONS,
     FEED_FORWARDS,
     HIDDEN_ACTS,
-    MODERN_PRESETS,
     NORM_PLACEMENTS,
     OBJECTIVES,
     POSITION_ENCODINGS,
-    PRESETS,
     REMAT_POLICIES,
     BertConfig,
     ConfigError,
@@ -51,6 +49,7 @@ from bert_jax.config_ranges import (
     Text,
 )
 from bert_jax.mesh_shape import MESH_AXES, resolve_mesh_shape
+from bert_jax.presets import MODERN_PRESETS, PRESETS
 
 # Choices written here because their modules import JAX; tests/test_config_bounds.py checks
 # each against its module (train_state.PRNG_IMPLS, optim.SCHEDULES and MU_DTYPES, ...).

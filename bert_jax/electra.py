@@ -259,7 +259,7 @@ def electra_loss(
 # --- pretraining: the experiment config's block, the loss of the train step, evaluation --------
 
 # The `electra` block of an experiment config (configs without it, or without a key: these;
-# `bert_jax.config.model_changes` compares the generator's two when a run resumes).
+# `bert_jax.model_changes` compares the generator's two when a run resumes).
 EXPERIMENT_DEFAULTS = {
     "generator_hidden_fraction": 0.25,  # generator H / discriminator H (`generator_config`)
     "generator_layer_fraction": 1.0,  # generator L / discriminator L

@@ -30,8 +30,9 @@ from absl import logging
 from tqdm import tqdm
 
 from bert_jax import checkpointing, electra, pretraining_input, rollback, sharding, telemetry, train
-from bert_jax.config import MISSING, ConfigError, ModelChangeError, model_changes
+from bert_jax.config import ConfigError
 from bert_jax.heads import BertForPreTraining
+from bert_jax.model_changes import MISSING, ModelChangeError, model_changes
 from bert_jax.train_state import StepHealth, run_keys, sharded_state
 
 
@@ -110,7 +111,7 @@ def _restore(
 
 def _check_model(config, saved: dict, source: str, vocab_size: int | None) -> None:
     """Refuses to resume the checkpoints in `source`, whose experiment config was `saved`,
-    with a model that computes something else (`bert_jax.config.model_changes`), unless
+    with a model that computes something else (`bert_jax.model_changes`), unless
     `config.allow_model_change`: then a warning names each difference and the run goes on.
 
     Raises:

@@ -163,7 +163,7 @@ def pretrain(
         f"--config.data.max_predictions_per_seq={predictions}",
         f"--config.global_batch_size={opts.pretrain_batch_size}",
         f"--config.num_train_steps={steps}",
-        "--config.optimizer.name=adamw_bias_corrected",  # as the demo (see its README section)
+        "--config.optimizer.name=adamw_bias_corrected",  # as the demo: docs/polarity_demo.md
         f"--config.optimizer.learning_rate={learning_rate or opts.pretrain_learning_rate}",
         f"--config.optimizer.warmup_steps={max(steps // 20, 1)}",
         f"--config.log_every={min(50, max(steps // 20, 1))}",

@@ -23,11 +23,11 @@ and every fine-tuning run is stored when it ends, so an interrupted demo continu
                (benchmarks.ner_linear_reference) fits on the same subsets in the background.
                --pretrained_dir skips stages 3-4 and fine-tunes a model pretrained elsewhere
                (e.g. benchmarks/electra_reference.py's export) with the corpus's vocab
-  5. finetune  People's Daily NER (character BIO tags, entity F1), in this process
-               (experiments.label_budgets): for every label budget, --subsets label
-               subsets drawn with --seed; each subset fine-tunes the pretrained model and the
-               same architecture from random weights with the same vocab ("scratch"); the
-               peak learning rate is chosen per budget and arm on dev from
+  5. finetune  experiments.demo_finetune: People's Daily NER (character BIO tags, entity
+               F1), in this process (experiments.label_budgets): for every label budget,
+               --subsets label subsets drawn with --seed; each subset fine-tunes the
+               pretrained model and the same architecture from random weights with the same
+               vocab ("scratch"); the peak learning rate is chosen per budget and arm on dev from
                --finetune_learning_rates, the stopping step per run on dev (the first
                --dev_sentences), test is scored once per run;
                --compare_finetune_optimizers: then the smallest budget again with the other
@@ -38,9 +38,9 @@ and every fine-tuning run is stored when it ends, so an interrupted demo continu
                pretraining curves; the pretrained model filling in masked entities of
                held-out sentences
 
-`--task=polarity` is the earlier demo (IMDB reviews -> sentence polarity; see the README for
-why sentiment is the wrong showcase at this scale): mlm_nsp on static-masked sentence pairs,
-and each fine-tuning run through experiments.finetune_classification.
+`--task=polarity` is the earlier demo (IMDB reviews -> sentence polarity; docs/polarity_demo.md
+says why sentiment is the wrong showcase at this scale): mlm_nsp on static-masked sentence
+pairs, and each fine-tuning run through experiments.finetune_classification.
 
 --seed changes every seed of the run: the records (polarity), the pretraining
 initialisation, masks, data order and dropout, and the fine-tuning subsets and runs. Each
@@ -50,14 +50,8 @@ seed needs its own --workdir; the corpus and vocab in --corpus_dir are shared.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import filecmp
-import hashlib
-import json
-import math
 import os
-import subprocess
-import sys
 import time
 
 from absl import app, flags, logging
@@ -65,9 +59,8 @@ from absl import app, flags, logging
 from bert_jax import config_bounds, workdir_lock
 from bert_jax.config_bounds import DEMO
 from data_pipelines import cli, recipe
-from experiments import demo_report
+from experiments import demo_finetune, demo_report
 from experiments.configs import demo_arms
-from experiments.demo_report import ARMS, NER_TASK
 
 flags.DEFINE_enum("task", "ner", ["ner", "polarity"], "The downstream task (see the docstring).")
 flags.DEFINE_string("workdir", "workdirs/demo", "Records, pretraining, fine-tuning runs, report.")
@@ -100,7 +93,8 @@ flags.DEFINE_enum(
     "adamw_bias_corrected",
     ["adamw", "adamw_bias_corrected"],
     "Pretraining optimizer (bert_jax.optim): BERT's AdamW has no bias correction, which "
-    "makes the first updates of a run this short several times too large (see the README).",
+    "makes the first updates of a run this short several times too large "
+    "(docs/polarity_demo.md).",
 )
 flags.DEFINE_integer("max_seq_length", None, "Pretraining sequence length (pieces).")
 flags.DEFINE_string(
@@ -127,7 +121,7 @@ flags.DEFINE_enum(
 )  # fmt: skip
 flags.DEFINE_bool(
     "compare_finetune_optimizers", False, "ner: also fine-tune the smallest budget with the "
-    "other optimizer (the README's comparison; about a sixth more fine-tuning)."
+    "other optimizer (docs/demo.md's comparison; about a sixth more fine-tuning)."
 )  # fmt: skip
 flags.DEFINE_integer("finetune_epochs", None, "Fine-tuning epochs (at least; see below).")
 flags.DEFINE_integer(
@@ -186,8 +180,6 @@ TASK_DEFAULTS = {
 
 TINY_CONFIG = "experiments/configs/bert_tiny_cpu.py"  # polarity
 ARMS_CONFIG = "experiments/configs/demo_arms.py"  # ner: ARMS_CONFIG:<recipe>
-# Fine-tuning reads whole sentences (1% of People's Daily's are longer than 140 characters).
-NER_MAX_SEQ_LENGTH = 128
 # The flags that decide what the records and the pretrained model are: a workdir holds one.
 PRETRAINING_FLAGS = (
     "task", "recipe", "corpora", "seed", "pretrain_steps", "pretrain_batch_size",
@@ -257,15 +249,7 @@ def pretrained_model(vocab: str) -> str:
     return os.path.abspath(FLAGS.pretrained_dir)
 
 
-def label_budgets(num_train: int) -> list[int]:
-    """The label budgets as sorted numbers ("all" = every training sentence)."""
-    budgets = set()
-    for budget in setting("label_budgets"):
-        n = num_train if budget == "all" else int(budget)
-        if not 0 < n <= num_train:
-            raise app.UsageError(f"--label_budgets: {budget} is not in 1..{num_train} (or all)")
-        budgets.add(n)
-    return sorted(budgets)
+# ----------------------------------------------------------------------------- stage 5
 
 
 def learning_rates() -> list[float]:
@@ -273,9 +257,6 @@ def learning_rates() -> list[float]:
         return [float(lr) for lr in setting("finetune_learning_rates")]
     except ValueError as error:
         raise app.UsageError(f"--finetune_learning_rates: {error}") from None
-
-
-# ------------------------------------------------------------------------------ ner: stage 5
 
 
 def ner_recipe():
@@ -292,238 +273,30 @@ def ner_recipe():
     )
 
 
-def finetune_ner(pretrain_dir: str, vocab: str, workdir: str) -> dict:
-    """Stage 5: every budget, subset and arm (and with --compare_finetune_optimizers the
-    smallest budget with the other optimizer); returns results.json's fine-tuning part."""
-    from tqdm import tqdm
-
-    from bert_jax import finetune_common as common
-    from bert_jax import train_state
-    from bert_jax.config import BertConfig
-    from bert_jax.heads import BertForTokenClassification
-    from data_pipelines.tasks.tagging_tasks import load_tagging_task
-    from data_pipelines.tokenization import load_tokenizer
-    from experiments import label_budgets as lb
-
-    logging.set_verbosity(logging.ERROR)  # Orbax narrates each restore: the bar is the stage
-    task = load_tagging_task(NER_TASK)
-    tokenizer = load_tokenizer(vocab, do_lower_case=True)
-    init_rng, _ = train_state.run_keys(FLAGS.seed)
-    module = BertForTokenClassification(BertConfig(), len(task.tags))
-    params = {}
-    for arm in ARMS:
-        module, _, params[arm], _ = common.load_model(
-            module, pretrain_dir, from_scratch=arm == "scratch", rng=init_rng
-        )
-    main = ner_recipe()
-    runner = lb.TaggingRunner(
-        task, tokenizer, module, main, max_seq_length=NER_MAX_SEQ_LENGTH,
+def linear_reference(workdir: str) -> demo_finetune.LinearReference:
+    """The linear tagger on this run's subsets, fitting in the background (ner)."""
+    return demo_finetune.LinearReference(
+        workdir, setting("label_budgets"), setting("subsets"), seed=FLAGS.seed,
         dev_sentences=FLAGS.dev_sentences, test_sentences=FLAGS.test_sentences,
     )  # fmt: skip
-    budgets = label_budgets(runner.num_train)
-    k = setting("subsets")
-    if k < 2:
-        raise app.UsageError("--subsets must be at least 2 (the paired interval needs them)")
-    subsets = lb.paired_subsets(runner.num_train, budgets, k, FLAGS.seed)
-    # Scratch runs shared with the demos of other recipes of this architecture, if asked.
-    shared_scratch = FLAGS.scratch_cache_dir and architecture_id(module.config, vocab, budgets, k)
-    runs_per_arm = len(main.learning_rates) + k - 1
-    total = sum(main.steps(n) * runs_per_arm for n in budgets)
-    total += main.steps(budgets[0]) * k * FLAGS.compare_finetune_optimizers
-    bar = tqdm(total=total * len(ARMS), desc="5/6 finetune", unit="step", smoothing=0.05)
-
-    def budget_row(n: int, recipes: dict) -> dict:
-        """Every arm's runs at budget `n`, each arm with its recipe in `recipes`."""
-        row = {"labels": n, "steps": main.steps(n), "optimizer": recipes[ARMS[0]].optimizer}
-        for arm in ARMS:
-            rid = recipe_id(recipes[arm])
-            runs_dir = os.path.join(workdir, "finetune", rid, arm)
-            if arm == "scratch" and shared_scratch:
-                runs_dir = os.path.join(FLAGS.scratch_cache_dir, rid, shared_scratch)
-            cache = run_cache(runs_dir)
-            lr, runs = lb.run_arm(runner.with_recipe(recipes[arm]), params[arm], subsets[n],
-                                  seed=FLAGS.seed * k, cache=cache,
-                                  progress=lambda: bar.update(1))  # fmt: skip
-            row[arm] = [run.test["f1"] for run in runs]
-            row[f"{arm}_runs"] = [
-                {"learning_rate": run.learning_rate, "chosen_step": run.chosen_step,
-                 "dev_f1": run.dev_f1[run.chosen_step], "test": run.test}
-                for run in runs
-            ]  # fmt: skip
-            row.setdefault("learning_rate", {})[arm] = lr
-        row["difference"] = lb.paired_difference(row["pretrained"], row["scratch"])
-        return row
-
-    with bar:
-        results = {"budgets": [budget_row(n, dict.fromkeys(ARMS, main)) for n in budgets]}
-        if FLAGS.compare_finetune_optimizers:
-            # The smallest budget with the other optimizer, each arm at the rate it chose.
-            first = results["budgets"][0]
-            optimizer = next(o for o in common.OPTIMIZERS if o != main.optimizer)
-            other = {
-                arm: dataclasses.replace(
-                    main, optimizer=optimizer, learning_rates=(first["learning_rate"][arm],)
-                )
-                for arm in ARMS
-            }
-            results["optimizer_comparison"] = budget_row(budgets[0], other)
-    logging.set_verbosity(logging.INFO)
-    results["recipe"] = dataclasses.asdict(main) | {
-        "dev_sentences": FLAGS.dev_sentences, "test_sentences": FLAGS.test_sentences
-    }  # fmt: skip
-    return results
 
 
-class LinearReference:
-    """The linear tagger on character windows (benchmarks.ner_linear_reference) on the
-    demo's subsets, dev and test sentences: what a model told that neighbouring characters
-    matter does with these labels. It fits in a background process while the demo
-    pretrains (the tiny model leaves part of the second core idle); `result()` waits for it.
-    Stored in the workdir: a rerun reads it back. A context manager: leaving the block
-    (an error, a stopped demo) stops a fit still running."""
-
-    def __init__(self, workdir: str):
-        budgets, k = setting("label_budgets"), setting("subsets")
-        key = json.dumps([budgets, k, FLAGS.seed, FLAGS.dev_sentences, FLAGS.test_sentences])
-        name = f"linear_{hashlib.sha256(key.encode()).hexdigest()[:10]}"
-        self.path = os.path.join(workdir, name + ".json")
-        self.process = None
-        if not os.path.exists(self.path):
-            command = [
-                sys.executable, "-m", "benchmarks.ner_linear_reference", f"--seed={FLAGS.seed}",
-                f"--label_budgets={','.join(budgets)}", f"--subsets={k}",
-                f"--dev_sentences={FLAGS.dev_sentences}", f"--output={self.path}",
-                *([f"--test_sentences={FLAGS.test_sentences}"] if FLAGS.test_sentences else []),
-            ]  # fmt: skip
-            self.log = os.path.join(workdir, name + ".log")
-            with open(self.log, "w", encoding="utf-8") as log:
-                env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}
-                self.process = subprocess.Popen(
-                    command, stdout=log, stderr=subprocess.STDOUT, env=env
-                )
-
-    def result(self) -> list[dict]:
-        if self.process is not None and self.process.wait():
-            raise RuntimeError(f"the linear reference failed: see {self.log}")
-        with open(self.path, encoding="utf-8") as f:
-            return json.load(f)["label_budgets"]
-
-    def __enter__(self) -> LinearReference:
-        return self
-
-    def __exit__(self, *_) -> None:
-        """A failed or stopped demo leaves no tagger fitting behind it."""
-        if self.process is not None:
-            cli.stop(self.process)
-
-
-def recipe_id(r) -> str:
-    """A short name of a fine-tuning recipe and what else decides its runs."""
-    decided_by = [dataclasses.asdict(r), FLAGS.dev_sentences, FLAGS.test_sentences, FLAGS.seed]
-    key = json.dumps(decided_by, sort_keys=True)
-    return f"{r.optimizer}_{hashlib.sha256(key.encode()).hexdigest()[:10]}"
-
-
-def architecture_id(config, vocab: str, budgets: list[int], subsets: int) -> str:
-    """A short name of what decides a scratch run beside its recipe (`recipe_id`): the
-    model config, the vocab's text and the label subsets drawn."""
-    with open(vocab, "rb") as f:
-        vocab_hash = hashlib.sha256(f.read()).hexdigest()
-    key = json.dumps([dataclasses.asdict(config), vocab_hash, budgets, subsets], sort_keys=True)
-    return "scratch_" + hashlib.sha256(key.encode()).hexdigest()[:10]
-
-
-def run_cache(directory: str):
-    """`cache(name, make)` for `label_budgets.run_arm`: each run a JSON file in `directory`."""
-    from bert_jax import finetune_common as common
-    from experiments.label_budgets import RunResult
-
-    def cache(name, make):
-        path = os.path.join(directory, name + ".json")
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                stored = json.load(f)
-            stored["dev_f1"] = {int(s): v for s, v in stored["dev_f1"].items()}
-            return RunResult(**stored)
-        result = make()
-        os.makedirs(directory, exist_ok=True)
-        common.write_json(path, dataclasses.asdict(result))
-        return result
-
-    return cache
-
-
-# ------------------------------------------------------------------------- polarity: stage 5
-
-
-def finetune_epochs(labels: int, batch_size: int) -> int:
-    """polarity: the epochs of a run, at least --min_finetune_steps steps."""
-    steps_per_epoch = max(labels // batch_size, 1)
-    return max(
-        setting("finetune_epochs"), math.ceil(setting("min_finetune_steps") / steps_per_epoch)
-    )
-
-
-def finetune_polarity(pretrain_dir: str, vocab: str, workdir: str) -> dict:
-    """Stage 5 of --task=polarity: every (budget, seed, arm) through finetune_classification."""
-    from tqdm import tqdm
-
-    from data_pipelines.tasks import polarity
-    from experiments import finetune_classification
-    from experiments.configs import finetune_tiny_polarity
-    from experiments.label_budgets import paired_difference
-
-    rates = learning_rates()
-    if len(rates) != 1:
-        raise app.UsageError("--task=polarity takes one --finetune_learning_rates value")
-    lr = rates[0]
-    base = finetune_tiny_polarity.get_config()
-    base.init_from, base.vocab_file = pretrain_dir, vocab
-    base.learning_rate, base.pooling = lr, FLAGS.pooling
-    base.optimizer = setting("finetune_optimizer")
-    num_train = len(polarity.load(base.data_dir or None).train)
-    k = setting("subsets")
-    seeds = [FLAGS.seed * k + i for i in range(k)]
-    # Runs are kept per fine-tuning recipe: another recipe in the same workdir reruns them.
-    name = (
-        f"{FLAGS.pooling}_lr{lr:g}_epochs{setting('finetune_epochs')}"
-        f"_min{setting('min_finetune_steps')}_{base.optimizer}"
-    )
-    jobs = [(n, seed, arm) for n in label_budgets(num_train) for seed in seeds for arm in ARMS]
-    results = {}
-    # Orbax narrates each save and restore, and every run warns that its head is fresh and
-    # that 1-2 sentences are truncated: the bar below is the stage's progress, errors aside.
-    logging.set_verbosity(logging.ERROR)
-    for labels, seed, arm in tqdm(jobs, desc="5/6 finetune", unit="run"):
-        out = os.path.join(workdir, "finetune", name, f"{labels}_labels", f"{arm}_seed{seed}")
-        metrics_file = os.path.join(out, "metrics.json")
-        if os.path.exists(metrics_file):
-            with open(metrics_file, encoding="utf-8") as f:
-                metrics = json.load(f)
-        if not (os.path.exists(metrics_file) and "wall_time_s" in metrics):
-            config = base.copy_and_resolve_references()
-            config.seed, config.from_scratch = seed, arm == "scratch"
-            config.max_train_examples = None if labels == num_train else labels
-            config.num_epochs = finetune_epochs(labels, config.train_batch_size)
-            # Only test accuracy is reported: dev is scored once, at the end (250 labels
-            # train 43 epochs, and scoring dev after each took half the run).
-            config.eval_every_epochs = config.num_epochs
-            metrics = finetune_classification.finetune(config, out, show_progress=False)
-        results[labels, arm, seed] = metrics["test"]["test"]["accuracy"]
-    logging.set_verbosity(logging.INFO)
-    budgets = [
-        {
-            "labels": labels,
-            "epochs": finetune_epochs(labels, base.train_batch_size),
-            "seeds": seeds,
-            **{arm: [results[labels, arm, s] for s in seeds] for arm in ARMS},
-        }
-        for labels in label_budgets(num_train)
-    ]
-    for budget in budgets:
-        budget["difference"] = paired_difference(budget["pretrained"], budget["scratch"])
-    return {"budgets": budgets, "recipe": {"pooling": FLAGS.pooling, "learning_rate": lr,
-                                            "optimizer": base.optimizer}}  # fmt: skip
+def finetune(pretrain_dir: str, vocab: str, workdir: str) -> dict:
+    """Stage 5 with this run's flags (`demo_finetune`); returns results.json's fine-tuning
+    part."""
+    subsets = dict(budgets=setting("label_budgets"), subsets=setting("subsets"), seed=FLAGS.seed)
+    if FLAGS.task == "ner":
+        return demo_finetune.finetune_ner(
+            pretrain_dir, vocab, workdir, ner_recipe(), **subsets,
+            dev_sentences=FLAGS.dev_sentences, test_sentences=FLAGS.test_sentences,
+            scratch_cache_dir=FLAGS.scratch_cache_dir,
+            compare_optimizers=FLAGS.compare_finetune_optimizers,
+        )  # fmt: skip
+    return demo_finetune.finetune_polarity(
+        pretrain_dir, vocab, workdir, learning_rates=learning_rates(), pooling=FLAGS.pooling,
+        optimizer=setting("finetune_optimizer"), **subsets, epochs=setting("finetune_epochs"),
+        min_steps=setting("min_finetune_steps"),
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- stage 6
@@ -575,11 +348,10 @@ def main(argv):
     wall_time_s["data"] = time.time() - stage_start
     stage_start = time.time()
     # The linear tagger fits while the model pretrains.
-    with LinearReference(workdir) if ner else contextlib.nullcontext() as linear:
+    with linear_reference(workdir) if ner else contextlib.nullcontext() as linear:
         pretrain_dir = pretrain_dir or pretrain(os.path.join(workdir, "records"), vocab, workdir)
         wall_time_s["pretrain"] = time.time() - stage_start
         stage_start = time.time()
-        finetune = finetune_ner if ner else finetune_polarity
         finetuning = finetune(pretrain_dir, vocab, workdir)
         if linear:
             finetuning["linear"] = linear.result()

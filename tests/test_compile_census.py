@@ -1,4 +1,4 @@
-"""benchmarks.compile_census (the plugin behind the README's account of the suite's time):
+"""benchmarks.compile_census (the plugin behind docs/testing.md's account of the suite's time):
 run on a test file of its own, it counts each test's compiles and finds a program compiled
 again by a new jit of the same function."""
 

@@ -22,8 +22,9 @@ from conftest import FAST_COMPILE
 from test_model_flops import matmul_flops
 
 from bert_jax import checkpointing, electra, telemetry, train, train_loop
-from bert_jax.config import GENERATOR_SIZES, BertConfig, ConfigError, model_changes
+from bert_jax.config import BertConfig, ConfigError
 from bert_jax.convert.electra import read_electra_train_state
+from bert_jax.model_changes import GENERATOR_SIZES, model_changes
 
 # The uninterrupted run, the resumed pair and the MFU run build the same train step anew:
 # compiled once, loaded from the session's cache after.

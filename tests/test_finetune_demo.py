@@ -10,7 +10,7 @@ import pytest
 from conftest import run_captured
 
 from data_pipelines import recipe
-from experiments import demo
+from experiments import demo, demo_finetune
 
 REPO = Path(__file__).parent.parent
 
@@ -122,12 +122,12 @@ def test_the_linear_tagger_fits_in_the_background_on_the_demos_subsets(tmp_path,
         "--seed=4", "--label_budgets=20,12", "--subsets=2", "--dev_sentences=30",
         "--test_sentences=40",
     )  # fmt: skip
-    background = demo.LinearReference(str(tmp_path))
+    background = demo.linear_reference(str(tmp_path))
     assert background.process is not None
     rows = background.result()
     assert rows == linear_reference(["20", "12"], 2, 4, 30, 40)
     assert [r["labels"] for r in rows] == [12, 20] and len(rows[0]["linear"]) == 2
-    again = demo.LinearReference(str(tmp_path))  # the same settings: read back
+    again = demo.linear_reference(str(tmp_path))  # the same settings: read back
     assert again.process is None and again.result() == rows
 
 
@@ -140,12 +140,12 @@ def test_each_task_has_its_defaults_and_a_flag_given_wins(parse_demo_flags):
     assert demo.setting("finetune_optimizer") == "adamw"  # the polarity demo's, unchanged
 
 
-def test_small_polarity_budgets_train_at_least_the_minimum_steps(parse_demo_flags):
-    parse_demo_flags("--task=polarity", "--finetune_epochs=3", "--min_finetune_steps=300")
-    assert demo.finetune_epochs(8568, 32) == 3  # 267 steps per epoch
-    assert demo.finetune_epochs(1000, 32) == 10  # 31 per epoch
-    assert demo.finetune_epochs(250, 32) == 43  # 7 per epoch
-    assert demo.finetune_epochs(10, 32) == 300  # one (short) step per epoch
+def test_small_polarity_budgets_train_at_least_the_minimum_steps():
+    # --finetune_epochs=3 --min_finetune_steps=300, the polarity demo's defaults
+    assert demo_finetune.finetune_epochs(8568, 32, 3, 300) == 3  # 267 steps per epoch
+    assert demo_finetune.finetune_epochs(1000, 32, 3, 300) == 10  # 31 per epoch
+    assert demo_finetune.finetune_epochs(250, 32, 3, 300) == 43  # 7 per epoch
+    assert demo_finetune.finetune_epochs(10, 32, 3, 300) == 300  # one (short) step per epoch
 
 
 def test_an_electra_recipes_report_names_its_generator_and_discriminator(

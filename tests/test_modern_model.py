@@ -18,10 +18,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from bert_jax import layers, sharding
-from bert_jax.config import BertConfig, ConfigError, model_changes
+from bert_jax.config import BertConfig, ConfigError
 from bert_jax.convert import stack_layers
 from bert_jax.heads import BertForPreTraining
 from bert_jax.model import BertModel, SelfAttention, gelu
+from bert_jax.model_changes import model_changes
 from bert_jax.train_state import sharded_state
 
 # Every switch away from BERT; layers 0 and 2 global, 1 local with a window (4) shorter than

@@ -20,7 +20,7 @@ from bert_jax import optim, train
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForPreTraining
 from data_pipelines import recipe
-from experiments import demo, recipe_compare, recipe_report
+from experiments import demo, demo_finetune, recipe_compare, recipe_report
 from experiments.configs import demo_arms
 
 REPO = Path(__file__).parent.parent
@@ -224,8 +224,9 @@ def test_arms_of_one_architecture_share_their_scratch_runs(tmp_path):
     vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n的\n", encoding="utf-8")
 
     def scratch(arm, budgets=(100, 400), subsets=5):
-        config = train.model_config(demo_arms.get_config(arm), 6)  # an ELECTRA arm's: its
-        return demo.architecture_id(config, str(vocab), list(budgets), subsets)  # discriminator
+        # an ELECTRA arm's: its discriminator
+        config = train.model_config(demo_arms.get_config(arm), 6)
+        return demo_finetune.architecture_id(config, str(vocab), list(budgets), subsets)
 
     # The learning rates, the masking rate and the objective do not change the fine-tuned model.
     assert {scratch(a) for a in ("bert", "wsd", "mask30", "electra")} == {scratch("bert")}

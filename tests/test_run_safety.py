@@ -1,7 +1,7 @@
 """Runs that refuse a changed model and roll back from loss spikes (issue 32).
 
 A changed model: a checkpoint is resumed only into the model it was trained with
-(`bert_jax.config.model_changes`), unless `config.allow_model_change` says to.
+(`bert_jax.model_changes`), unless `config.allow_model_change` says to.
 
 Rollback: the train step is wrapped so that chosen calls of it (counted over the run, steps
 done again included) report a loss spike or a NaN; everything after the metric, detection,
@@ -17,7 +17,7 @@ import pytest
 import synthetic_pretraining as synth
 
 from bert_jax import checkpointing, pretraining_input, rollback, train, train_loop
-from bert_jax.config import MISSING, ModelChangeError, model_changes
+from bert_jax.model_changes import MISSING, ModelChangeError, model_changes
 from experiments.configs import bert_tiny_cpu
 
 # Each run builds its jitted steps anew: the session's compilation cache compiles each

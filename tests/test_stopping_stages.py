@@ -111,7 +111,7 @@ def test_a_failed_demo_leaves_no_linear_tagger_fitting(tmp_path, parse_demo_flag
 
     parse_demo_flags(f"--workdir={tmp_path}", "--label_budgets=100", "--subsets=2")
     with pytest.raises(RuntimeError, match="pretraining failed"):
-        with demo.LinearReference(str(tmp_path)) as linear:
+        with demo.linear_reference(str(tmp_path)) as linear:
             process = linear.process
             assert process is not None and process.poll() is None
             raise RuntimeError("pretraining failed")

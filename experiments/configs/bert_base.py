@@ -57,7 +57,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.objective = "mlm_nsp"
 
     config.model = ml_collections.ConfigDict()
-    config.model.preset = "base"  # L12/H768/A12 (bert_jax.config.PRESETS)
+    config.model.preset = "base"  # L12/H768/A12 (bert_jax.presets.PRESETS)
     # Other sizes on the same recipe (None: the preset's), as in the tiny config.
     config.model.num_hidden_layers = placeholder(int)  # L
     config.model.hidden_size = placeholder(int)  # H
@@ -177,7 +177,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.resume_from = "" if phase == "phase1" else "workdirs/bert_base_phase1/checkpoints"
     config.init_from = ""  # params only: our checkpoints dir, a TF checkpoint or a HF dir
     # True: resume a checkpoint whose model differs from this config's (a warning names the
-    # differences); False refuses, naming them (bert_jax.config.model_changes).
+    # differences); False refuses, naming them (bert_jax.model_changes).
     config.allow_model_change = False
 
     # Loss-spike rollback (bert_jax.rollback, docs/preemption.md): a non-finite metric or a loss

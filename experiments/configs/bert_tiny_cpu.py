@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.objective = "mlm_nsp"
 
     config.model = ml_collections.ConfigDict()
-    config.model.preset = "tiny"  # L2/H128/A2 (bert_jax.config.PRESETS)
+    config.model.preset = "tiny"  # L2/H128/A2 (bert_jax.presets.PRESETS)
     # Other sizes on the same recipe (None: the preset's), e.g. experiments.ablations' Table 6.
     config.model.num_hidden_layers = placeholder(int)  # L
     config.model.hidden_size = placeholder(int)  # H
@@ -153,7 +153,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.resume_from = ""  # a checkpoints dir with a full state (e.g. phase 1)
     config.init_from = ""  # params only: our checkpoints dir, a TF checkpoint or a HF dir
     # True: resume a checkpoint whose model differs from this config's (a warning names the
-    # differences); False refuses, naming them (bert_jax.config.model_changes).
+    # differences); False refuses, naming them (bert_jax.model_changes).
     config.allow_model_change = False
 
     # Loss-spike rollback (bert_jax.rollback, docs/preemption.md): a non-finite metric or a loss

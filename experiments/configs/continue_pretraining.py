@@ -29,7 +29,7 @@ import os
 
 import ml_collections
 
-from bert_jax.config import MODERN_PRESETS
+from bert_jax.presets import MODERN_PRESETS
 from experiments.configs import bert_tiny_cpu, modernbert_tiny_cpu
 
 # The source's training masking rate, by family (the guide and the docstring say why).
@@ -40,8 +40,9 @@ BERT_MASKED_LM_PROB = 0.15  # BERT's
 def source_model(source: str) -> tuple[str, dict]:
     """(preset, the fields that differ from it) of the source's config.json: the preset
     nearest to it, so a published size (ModernBERT-base, BERT-base) is its preset alone."""
-    from bert_jax.config import MODERN_PRESETS, PRESETS, BertConfig, preset_fields
+    from bert_jax.config import BertConfig, preset_fields
     from bert_jax.convert import families
+    from bert_jax.presets import PRESETS
 
     fields = dataclasses.asdict(families.read_config(os.path.join(source, "config.json")))
     defaults = dataclasses.asdict(BertConfig())

@@ -29,7 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data_dir = ""  # "" = the cached vaderSentiment sdist (fetched with pip if missing)
 
     # The student: teacher_layers > student_init_from > student_preset (from scratch).
-    config.student_preset = "tiny"  # bert_jax.config.PRESETS name (tiny L2/H128, mini L4/H256)
+    config.student_preset = "tiny"  # bert_jax.presets.PRESETS name (tiny L2/H128, mini L4/H256)
     config.student_init_from = ""  # a pretraining checkpoint with the teacher's vocabulary
     config.teacher_layers = ""  # e.g. "0,2,4": the teacher's width with these of its layers
     config.model_overrides = ml_collections.ConfigDict()

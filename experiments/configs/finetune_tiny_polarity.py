@@ -9,10 +9,11 @@ r"""BERT-tiny (pretrained here, or from scratch) fine-tuned on sentence polarity
   ... --config.from_scratch=True --workdir=workdirs/demo/polarity_scratch
 
 The demo runs both arms at several label budgets and seeds with every other setting shared,
-so the only difference is the pretraining; it sets `pooling="mean"` (see README, "The demo":
-its short pretraining leaves NSP, and so the [CLS] pooler, untrained). Small BERTs take a
-larger learning rate than BERT-Base: 3e-4 fine-tuned the demo's pretrained model better
-than 1e-4 (78.5% vs 74.9% with all labels, mean pooling, seed 0).
+so the only difference is the pretraining; it sets `pooling="mean"` (docs/polarity_demo.md,
+"Why pretraining pays so little here": its short pretraining leaves NSP, and so the [CLS]
+pooler, untrained). Small BERTs take a larger learning rate than BERT-Base: 3e-4 fine-tuned
+the demo's pretrained model better than 1e-4 (78.5% vs 74.9% with all labels, mean pooling,
+seed 0).
 """
 
 import ml_collections

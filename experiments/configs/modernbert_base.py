@@ -32,7 +32,7 @@ NUM_TRAIN_STEPS = 360_000
 def get_config() -> ml_collections.ConfigDict:
     config = bert_base.get_config("phase1")
     config.objective = "mlm"  # ModernBERT trains masked LM alone (no NSP)
-    config.model.preset = "modernbert_base"  # bert_jax.config.MODERN_PRESETS
+    config.model.preset = "modernbert_base"  # bert_jax.presets.MODERN_PRESETS
     config.model.vocab_size = placeholder(int)  # None: the vocab file's (your corpus's vocab)
     config.model.hidden_act = "gelu"  # exact GELU, ModernBERT's
 

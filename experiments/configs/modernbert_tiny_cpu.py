@@ -22,7 +22,7 @@ from experiments.configs import bert_tiny_cpu
 def get_config() -> ml_collections.ConfigDict:
     config = bert_tiny_cpu.get_config()
     config.objective = "mlm"  # ModernBERT trains masked LM alone (no NSP)
-    config.model.preset = "modernbert_tiny"  # bert_jax.config.MODERN_PRESETS
+    config.model.preset = "modernbert_tiny"  # bert_jax.presets.MODERN_PRESETS
     data = config.data
     data.train_files = "workdirs/shakespeare/single/train*.tfrecord"  # globs, comma-separated
     data.eval_files = "workdirs/shakespeare/single/eval*.tfrecord"  # "" disables evaluation
