@@ -88,6 +88,9 @@ PRETRAIN: dict[str, Bound] = {
     "model.vocab_size": Model("word-embedding rows", _POSITIVE_INT, none="the vocab file's size"),
     "model.hidden_act": Model("the GELU's form", _choices(HIDDEN_ACTS), none=""),
     "model.dtype": Model("matmul inputs' dtype", "one of float32, bfloat16, float16", none=""),
+    "model.activation_dtype": Model(
+        "dtype of the activations between matmuls", "one of float32, bfloat16, float16", none=""
+    ),
     "model.scan_layers": Flag("nn.scan over the layers"),
     "model.remat_policy": Model("rematerialisation", _choices(REMAT_POLICIES), none=""),
     "model.attention_implementation": Model(

@@ -213,6 +213,16 @@ def pretrain(records_dir: str, vocab: str, workdir: str, *, timing: bool = False
 
     `timing`: evaluate and checkpoint at the last step only, so that every logged interval
     times training steps alone (a calibration's: `experiments.recipe_compare`)."""
+    out, args = pretrain_args(records_dir, vocab, workdir, timing=timing)
+    recipe.run("4/6 pretrain", args)
+    return out
+
+
+def pretrain_args(
+    records_dir: str, vocab: str, workdir: str, *, timing: bool = False
+) -> tuple[str, list[str]]:
+    """Stage 4's pretraining workdir and its `python -m` arguments, as the flags set them
+    (benchmarks.activation_precision runs them with its own overrides appended)."""
     out = os.path.join(workdir, "pretrain")
     steps, length = setting("pretrain_steps"), setting("max_seq_length")
     eval_every, checkpoint_every = (steps, steps) if timing else (steps // 10, steps // 5)
@@ -220,7 +230,7 @@ def pretrain(records_dir: str, vocab: str, workdir: str, *, timing: bool = False
     # ner: the recipe's config (masked LM alone, dynamic masking, the arm's changes).
     config = f"{ARMS_CONFIG}:{FLAGS.recipe}" if ner else TINY_CONFIG
     masking_rate = demo_arms.ARMS[FLAGS.recipe].masked_lm_prob if ner else 0.15
-    recipe.run("4/6 pretrain", [
+    return out, [
         "experiments.pretrain", f"--config={config}", f"--workdir={out}",
         "--verbosity=-1",  # the progress bar carries loss and MLM accuracy
         f"--config.seed={FLAGS.seed}",
@@ -237,8 +247,7 @@ def pretrain(records_dir: str, vocab: str, workdir: str, *, timing: bool = False
         f"--config.log_every={min(50, max(steps // 20, 1))}",
         f"--config.eval_every={max(eval_every, 1)}",
         f"--config.checkpoint_every={max(checkpoint_every, 1)}",
-    ])  # fmt: skip
-    return out
+    ]  # fmt: skip
 
 
 def pretrained_model(vocab: str) -> str:
