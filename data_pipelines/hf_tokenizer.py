@@ -27,6 +27,13 @@ Whole-word masking reads word boundaries from the tokenizer's own pre-tokenizati
 (`encode_batch_with_word_starts`: a token starts a word when its word id differs from the
 previous token's), so a word is whatever this tokenizer splits text into before its model
 runs, for every model type, with no '##' or '▁' convention assumed.
+
+A model's inputs (one text, or a pair for classification, multiple choice, SQuAD) are laid
+out by the file's own post-processor, as transformers lays them out: RoBERTa's
+`<s> A </s></s> B </s>`, BERT's and ModernBERT's `[CLS] A [SEP] B [SEP]`; a pair too long
+is cut by the library's own longest-first truncation. Token type ids are the
+post-processor's, or all 0 where tokenizer_config.json's `model_input_names` leaves
+`token_type_ids` out (ModernBERT's: its model has no token-type embeddings).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from tokenizers import Tokenizer as RustTokenizer
 
 from data_pipelines.tokenizer_base import (
     ACCEPTED_KINDS,
+    Slot,
     Tokenizer,
     VocabError,
     check_texts,
@@ -204,7 +212,11 @@ class HFTokenizer(Tokenizer):
         self.special_ids = frozenset(
             {i for i, token in added.items() if token.special} | set(self._roles.values())
         )
+        # transformers returns token type ids only where model_input_names has them.
+        names = configs[0][1].get("model_input_names")
+        self.token_types = not isinstance(names, list) or "token_type_ids" in names
         self._model_inputs: RustTokenizer | None = None
+        self._templates: dict[bool, tuple[Slot, ...]] = {}
 
     # Pickling (spawned workers) rebuilds the Rust tokenizer from the file's bytes; the
     # roles are read again from the files beside it.
@@ -285,12 +297,9 @@ class HFTokenizer(Tokenizer):
         del token
         return False
 
-    def encode_for_model(
-        self, text: str, pair: str | None = None, max_length: int | None = None
-    ) -> tuple[list[int], list[int]]:
-        """(input ids, token type ids) with the tokenizer's own special tokens around one
-        text or a pair, truncated longest-first to `max_length` (as transformers'
-        `tokenizer(text, pair, truncation=True, max_length=...)`)."""
+    def _for_model(self, max_length: int | None) -> RustTokenizer:
+        """The file's tokenizer as run for model inputs: post-processor on, the library's
+        longest-first truncation to `max_length` (None: none), no padding."""
         if self._model_inputs is None:
             self._model_inputs = RustTokenizer.from_str(self._spec)
             self._model_inputs.no_padding()
@@ -299,5 +308,60 @@ class HFTokenizer(Tokenizer):
             rust.no_truncation()
         else:
             rust.enable_truncation(max_length, strategy="longest_first")
-        encoding = rust.encode(text, pair, add_special_tokens=True)
-        return encoding.ids, encoding.type_ids
+        return rust
+
+    def _type_ids(self, type_ids: list[int]) -> list[int]:
+        return type_ids if self.token_types else [0] * len(type_ids)
+
+    def encode_for_model(
+        self, text: str, pair: str | None = None, max_length: int | None = None
+    ) -> tuple[list[int], list[int]]:
+        """(input ids, token type ids) with the tokenizer's own special tokens around one
+        text or a pair, truncated longest-first to `max_length` (as transformers'
+        `tokenizer(text, pair, truncation=True, max_length=...)`)."""
+        encoding = self._for_model(max_length).encode(text, pair, add_special_tokens=True)
+        return encoding.ids, self._type_ids(encoding.type_ids)
+
+    def encode_for_model_batch(
+        self, texts: Sequence[str], pairs: Sequence[str | None] | None, max_length: int
+    ) -> list[tuple[list[int], list[int], bool]]:
+        """As `Tokenizer.encode_for_model_batch`, by the file's post-processor and the
+        library's longest-first truncation (transformers' `truncation=True`)."""
+        pairs = self._check_room(texts, pairs, max_length)
+        inputs = [
+            text if pair is None else (text, pair) for text, pair in zip(texts, pairs, strict=True)
+        ]
+        try:
+            encodings = self._for_model(max_length).encode_batch(inputs, add_special_tokens=True)
+        except TypeError:
+            check_texts([*texts, *(p for p in pairs if p is not None)])
+            raise
+        # A cut input keeps what it lost in `overflowing` (stride 0: the rest).
+        return [(e.ids, self._type_ids(e.type_ids), bool(e.overflowing)) for e in encodings]
+
+    def template(self, pair: bool) -> tuple[Slot, ...]:
+        """The post-processor's slots, read by running it on two probe texts: where their
+        pieces land is "A" and "B", every token it added is a special slot."""
+        if pair not in self._templates:
+            a, b = self._rust.encode_batch(["a", "b"], add_special_tokens=False)
+            if not a.ids or not b.ids:
+                raise VocabError(f"{self.vocab_file}: the probe texts 'a' and 'b' encode to "
+                                 f"nothing; cannot read the post-processor's layout")  # fmt: skip
+            out = self._for_model(None).post_process(a, b if pair else None)
+            slots: list[Slot] = []
+            texts = iter([("A", len(a.ids)), ("B", len(b.ids))] if pair else [("A", len(a.ids))])
+            position = 0
+            while position < len(out.ids):
+                type_id = self._type_ids(out.type_ids)[position]
+                if out.special_tokens_mask[position]:
+                    slots.append((out.ids[position], type_id))
+                    position += 1
+                    continue
+                name, length = next(texts, ("a third text", 1))
+                slots.append((name, type_id))
+                position += length
+            if [s for s, _ in slots if isinstance(s, str)] != (["A", "B"] if pair else ["A"]):
+                raise VocabError(f"{self.vocab_file}: the post-processor does not keep each "
+                                 f"text in one piece ({slots})")  # fmt: skip
+            self._templates[pair] = tuple(slots)
+        return self._templates[pair]

@@ -1,5 +1,6 @@
 """What every tokenizer of `data_pipelines.tokenization` shares: the id maps, the special ids,
-the ids masking may put in at random, and the errors a bad tokenizer file gets.
+the ids masking may put in at random, how one text or a pair becomes a model's input, and
+the errors a bad tokenizer file gets.
 
 The three kinds (WordPiece vocab.txt, sentencepiece .model, Hugging Face tokenizer.json) live
 in `tokenization` and `hf_tokenizer`; this module is below both.
@@ -32,6 +33,11 @@ ACCEPTED_KINDS = (
 _UNUSED = re.compile(r"\[unused\d+\]|<unused\d+>")
 
 
+# One slot of a model input's template: a special token's id, or "A" / "B" for the pieces of
+# the first / second text; with the token type id the slot's tokens get.
+Slot = tuple[int | str, int]
+
+
 class VocabError(ValueError):
     """A vocabulary (or tokenizer file) that cannot serve as a BERT tokenizer's."""
 
@@ -62,6 +68,13 @@ def check_texts(texts: Sequence[str]) -> None:
             raise ValueError(
                 f"text {i} holds a lone surrogate at character {e.start}: not valid Unicode"
             ) from e
+
+
+def truncate_pair(a: list[int], b: list[int], max_length: int) -> None:
+    """The original BERT's pair truncation: pops the last piece of the longer list (B on
+    ties) until both fit, in place."""
+    while len(a) + len(b) > max_length:
+        (a if len(a) > len(b) else b).pop()
 
 
 def check_id(token_id: int, vocab_size: int) -> int:
@@ -140,3 +153,74 @@ class Tokenizer:
             i for i, t in enumerate(self.inv_vocab) if i not in special and not _UNUSED.fullmatch(t)
         ]
         return np.asarray(ids, np.int32)
+
+    # --- model inputs: one text or a pair with the special tokens the model was trained on ---
+
+    def template(self, pair: bool) -> tuple[Slot, ...]:
+        """The slots of a model input (`Slot`): BERT's `[CLS] A [SEP]`, and for a pair
+        `[CLS] A [SEP] B [SEP]` with token types 0 up to the first [SEP], 1 after it."""
+        cls, sep = self.cls_id, self.sep_id
+        if pair:
+            return ((cls, 0), ("A", 0), (sep, 0), ("B", 1), (sep, 1))
+        return ((cls, 0), ("A", 0), (sep, 0))
+
+    def num_special_tokens(self, pair: bool) -> int:
+        """Special tokens `template(pair)` adds to the text's pieces."""
+        return sum(not isinstance(token, str) for token, _ in self.template(pair))
+
+    def with_special_tokens(
+        self, a: Sequence[int], b: Sequence[int] | None = None
+    ) -> tuple[list[int], list[int], int]:
+        """(input ids, token type ids, index of B's first piece; len(ids) without B) of the
+        pieces `a` (and `b`) laid out by `template`."""
+        ids: list[int] = []
+        type_ids: list[int] = []
+        b_start = None
+        for token, type_id in self.template(b is not None):
+            if token == "B":
+                b_start = len(ids)
+            pieces = a if token == "A" else b if token == "B" else (token,)
+            ids += pieces
+            type_ids += [type_id] * len(pieces)
+        return ids, type_ids, len(ids) if b_start is None else b_start
+
+    def encode_for_model_batch(
+        self, texts: Sequence[str], pairs: Sequence[str | None] | None, max_length: int
+    ) -> list[tuple[list[int], list[int], bool]]:
+        """(input ids, token type ids, whether it was cut) of each text, or of each pair
+        where `pairs` has a second text (None: a single text there), cut to `max_length`
+        tokens in all: a single text keeps its first pieces, a pair loses pieces as the
+        original BERT's `truncate_pair` says (transformers' slow BertTokenizer's
+        `truncation=True` alike; its fast one gives the extra piece to B on an odd tie)."""
+        pairs = self._check_room(texts, pairs, max_length)
+        pieces_a = self.encode_batch(texts)
+        pieces_b = self.encode_batch([p or "" for p in pairs])
+        out = []
+        for a, b, pair in zip(pieces_a, pieces_b, pairs, strict=True):
+            room = max_length - self.num_special_tokens(pair is not None)
+            if pair is None:
+                cut = len(a) > room
+                ids, type_ids, _ = self.with_special_tokens(a[:room])
+            else:
+                cut = len(a) + len(b) > room
+                truncate_pair(a, b, room)
+                ids, type_ids, _ = self.with_special_tokens(a, b)
+            out.append((ids, type_ids, cut))
+        return out
+
+    def _check_room(
+        self, texts: Sequence[str], pairs: Sequence[str | None] | None, max_length: int
+    ) -> list[str | None]:
+        """`pairs` as a list (None: all single texts), once `max_length` leaves room for
+        text beside the special tokens of each kind of input present."""
+        pairs = [None] * len(texts) if pairs is None else list(pairs)
+        if len(pairs) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(pairs)} second texts")
+        for pair in sorted({p is not None for p in pairs}):
+            if max_length <= self.num_special_tokens(pair):
+                raise ValueError(
+                    f"max_length={max_length} leaves no room for text beside the "
+                    f"{self.num_special_tokens(pair)} special tokens of a "
+                    f"{'pair' if pair else 'single text'}"
+                )
+        return pairs

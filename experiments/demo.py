@@ -101,7 +101,8 @@ flags.DEFINE_string(
     "pretrained_dir",
     None,
     "Fine-tune this pretrained model instead of pretraining one: a "
-    "directory with the corpus's vocab.txt and a metrics.jsonl (benchmarks/*_reference.py's "
+    "directory with the corpus's vocab.txt, or a tokenizer.json of its own (which then "
+    "tokenizes the fine-tuning data), and a metrics.jsonl (benchmarks/*_reference.py's "
     "exports); --recipe names its objective.",
 )
 flags.DEFINE_integer("dupe_factor", 2, "polarity: masked copies of the corpus in the records.")
@@ -250,12 +251,18 @@ def pretrain_args(
     ]  # fmt: skip
 
 
-def pretrained_model(vocab: str) -> str:
-    """--pretrained_dir as an absolute path, refused unless its vocab.txt is `vocab`."""
+def pretrained_model(vocab: str) -> tuple[str, str]:
+    """(--pretrained_dir as an absolute path, the tokenizer to fine-tune it with): its
+    vocab.txt, refused unless it is `vocab`; with no vocab.txt, its tokenizer.json."""
+    from data_pipelines.tokenization import HF_NAME
+
     theirs = os.path.join(FLAGS.pretrained_dir, "vocab.txt")
+    own = os.path.join(os.path.abspath(FLAGS.pretrained_dir), HF_NAME)
+    if not os.path.exists(theirs) and os.path.isfile(own):
+        return os.path.dirname(own), own
     if not (os.path.exists(theirs) and filecmp.cmp(theirs, vocab, shallow=False)):
         raise app.UsageError(f"--pretrained_dir: {theirs} is not the corpus's vocab {vocab}")
-    return os.path.abspath(FLAGS.pretrained_dir)
+    return os.path.abspath(FLAGS.pretrained_dir), vocab
 
 
 # ----------------------------------------------------------------------------- stage 5
@@ -347,7 +354,9 @@ def main(argv):
     stage_start = time.time()
     vocab = recipe.prepare_corpus(corpora, corpus_dir, FLAGS.vocab_size)
     # A model pretrained elsewhere is fine-tuned as it is: no records, no pretraining.
-    pretrain_dir = pretrained_model(vocab) if FLAGS.pretrained_dir else None
+    pretrain_dir = None
+    if FLAGS.pretrained_dir:  # its tokenizer: the corpus's vocab.txt or its own tokenizer.json
+        pretrain_dir, vocab = pretrained_model(vocab)
     if pretrain_dir is None:
         recipe.make_records(
             corpus_dir, vocab, os.path.join(workdir, "records"),

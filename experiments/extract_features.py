@@ -5,7 +5,8 @@ Each input line is `text_a` or `text_a ||| text_b`. Each output line is
     {"linex_index": i, "features": [{"token": "[CLS]",
                                      "layers": [{"index": -1, "values": [...]}, ...]}, ...]}
 
-for every token of `[CLS] A [SEP] (B [SEP])`, with the outputs of the encoder layers in
+for every token of `[CLS] A [SEP] (B [SEP])` (a tokenizer.json: its own layout, e.g.
+`<s> A </s></s> B </s>`), with the outputs of the encoder layers in
 --layers (-1 is the last layer; the embeddings are not a layer), rounded to 6 decimals,
 exactly as the original extract_features.py writes them (including its `linex_index`).
 
@@ -44,7 +45,7 @@ class Example:
 @dataclasses.dataclass(frozen=True)
 class Feature:
     unique_id: int
-    tokens: list[str]  # [CLS] A [SEP] (B [SEP]), unpadded
+    tokens: list[str]  # [CLS] A [SEP] (B [SEP]) or the tokenizer's own layout, unpadded
     input_ids: list[int]
     input_type_ids: list[int]
 
@@ -61,32 +62,21 @@ def read_examples(path: str) -> list[Example]:
     return examples
 
 
-def truncate_pair(tokens_a: list[str], tokens_b: list[str], max_length: int) -> None:
-    """Pops the last token of the longer list (B on ties) until both fit, in place."""
-    while len(tokens_a) + len(tokens_b) > max_length:
-        (tokens_a if len(tokens_a) > len(tokens_b) else tokens_b).pop()
-
-
 def convert_examples(examples: Sequence[Example], tokenizer, seq_length: int) -> list[Feature]:
-    """Tokenizes and truncates like the original: A alone to L-2, A and B together to L-3."""
-    texts_a = tokenizer.tokenize_batch([e.text_a for e in examples])
-    texts_b = tokenizer.tokenize_batch([e.text_b or "" for e in examples])
-    # The tokenizer's own names ([CLS] in BERT's, <s> in RoBERTa's).
-    cls, sep = tokenizer.convert_ids_to_tokens([tokenizer.cls_id, tokenizer.sep_id])
-    features = []
-    for example, tokens_a, tokens_b in zip(examples, texts_a, texts_b, strict=True):
-        if tokens_b:  # a B that tokenizes to nothing is no B, as in the original
-            truncate_pair(tokens_a, tokens_b, seq_length - 3)
-        else:
-            tokens_a = tokens_a[: seq_length - 2]
-        tokens = [cls, *tokens_a, sep]
-        type_ids = [0] * len(tokens)
-        if tokens_b:
-            tokens += [*tokens_b, sep]
-            type_ids += [1] * (len(tokens_b) + 1)
-        ids = tokenizer.convert_tokens_to_ids(tokens)
-        features.append(Feature(example.unique_id, tokens, ids, type_ids))
-    return features
+    """Tokenizes and truncates like the original (A alone to L-2, A and B together to L-3,
+    around BERT's [CLS] and [SEP]s), or as a tokenizer.json's own post-processor and
+    truncation lay inputs out (`Tokenizer.encode_for_model_batch`); a B that tokenizes to
+    nothing is no B, as in the original."""
+    has_b = [bool(b) for b in tokenizer.encode_batch([e.text_b or "" for e in examples])]
+    inputs = tokenizer.encode_for_model_batch(
+        [e.text_a for e in examples],
+        [e.text_b if b else None for e, b in zip(examples, has_b, strict=True)],
+        seq_length,
+    )
+    return [
+        Feature(e.unique_id, tokenizer.convert_ids_to_tokens(ids), ids, type_ids)
+        for e, (ids, type_ids, _) in zip(examples, inputs, strict=True)
+    ]
 
 
 def parse_layers(text: str, num_layers: int) -> list[int]:
@@ -235,7 +225,7 @@ def _define_flags():
     flags.DEFINE_integer(
         "max_seq_length",
         128,
-        "Tokens per example after WordPiece ([CLS]/[SEP] included); longer inputs are truncated.",
+        "Tokens per example, special tokens included; longer inputs are truncated.",
     )
     flags.DEFINE_string(
         "init_checkpoint", None, "Google TF checkpoint, HF directory or params-only Orbax dir."

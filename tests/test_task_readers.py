@@ -23,11 +23,12 @@ from data_pipelines.tasks import (
     polarity,
     tweet_ner,
 )
-from data_pipelines.tasks.classification_features import encode_sentences, truncate_pair
+from data_pipelines.tasks.classification_features import encode_sentences
 from data_pipelines.tasks.formats import SentenceExample, TaggingExample, TaskDataError
 from data_pipelines.tasks.sentence_tasks import load_sentence_task
 from data_pipelines.tasks.tagging_features import decode, encode_tagged
 from data_pipelines.tokenization import WordPieceTokenizer
+from data_pipelines.tokenizer_base import truncate_pair
 
 S = SentenceExample
 

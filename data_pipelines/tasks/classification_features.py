@@ -1,11 +1,17 @@
-"""Sentence (pair) examples -> padded int arrays `[CLS] A [SEP] (B [SEP])`, as the original.
+"""Sentence (pair) examples -> padded int arrays laid out as the tokenizer's model expects.
+
+BERT's `[CLS] A [SEP] (B [SEP])`, as the original; a tokenizer.json's own post-processor
+(RoBERTa's `<s> A </s></s> B </s>`, ModernBERT's `[CLS] A [SEP] B [SEP]`) for any other,
+ids equal to transformers' `tokenizer(a, b, truncation=True, max_length=T)`
+(`Tokenizer.encode_for_model_batch`).
 
 Sequences longer than `max_seq_length` are truncated the way google-research/bert's
-`run_classifier.py` does it (a single sentence keeps its first T-2 pieces; a pair drops
-the last piece of the longer side until both fit in T-3), or, for long single texts with
-`keep_tail=K`, keeping the first T-2-K pieces and the last K (the head+tail of Sun et al.
-2019, "How to Fine-Tune BERT for Text Classification?": a review's verdict is often at its
-end); every truncated example is counted and the count logged, so nothing is cut silently.
+`run_classifier.py` does it (a single sentence keeps its first pieces; a pair drops the
+last piece of the longer side until both fit; a tokenizer.json: the `tokenizers` library's
+longest-first rule, as transformers), or, for long single texts with `keep_tail=K`,
+keeping the first pieces and the last K (the head+tail of Sun et al. 2019, "How to
+Fine-Tune BERT for Text Classification?": a review's verdict is often at its end); every
+truncated example is counted and the count logged, so nothing is cut silently.
 """
 
 from __future__ import annotations
@@ -25,18 +31,12 @@ log = logging.getLogger(__name__)
 class SentenceFeatures:
     input_ids: np.ndarray  # (N, T) int32, 0-padded
     input_mask: np.ndarray  # (N, T) int32, 1 on real tokens
-    segment_ids: np.ndarray  # (N, T) int32, 0 for [CLS] A [SEP], 1 for B [SEP]
+    segment_ids: np.ndarray  # (N, T) int32, the tokenizer's token types (BERT: 0 on A, 1 on B)
     labels: np.ndarray | None  # (N,) int32 class ids or float32 targets; None if unlabeled
     num_truncated: int  # examples that did not fit in T
 
     def __len__(self) -> int:
         return len(self.input_ids)
-
-
-def truncate_pair(a: list[int], b: list[int], max_length: int) -> None:
-    """Pops the last piece of the longer list (B on ties) until both fit, in place."""
-    while len(a) + len(b) > max_length:
-        (a if len(a) > len(b) else b).pop()
 
 
 def encode_sentences(
@@ -53,12 +53,12 @@ def encode_sentences(
     Args:
         examples: the examples, pairs and singles may mix.
         tokenizer: a `data_pipelines.tokenization` tokenizer.
-        max_seq_length: T, including [CLS] and [SEP]s (at least 3 for pairs).
+        max_seq_length: T, special tokens included (at least 3 for BERT's pairs).
         labels: the class names in id order; None for a regression task (float labels).
         name: what the examples are (for messages), e.g. "sst-2 dev".
-        keep_tail: a single text longer than T-2 keeps its last `keep_tail` pieces after
-            its first T-2-keep_tail (0: only the first T-2, as the original). Pairs are
-            truncated as the original truncates them.
+        keep_tail: a single text longer than T keeps its last `keep_tail` pieces after as
+            many first ones as fit (0: only the first, as the original). Pairs are
+            truncated as the tokenizer truncates them.
 
     Raises:
         TaskDataError: an example's label is not in `labels` (e.g. seen only at eval), or
@@ -66,32 +66,25 @@ def encode_sentences(
     """
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length must be at least 3, got {max_seq_length}")
-    if not 0 <= keep_tail < max_seq_length - 2:
-        raise ValueError(
-            f"keep_tail must be in [0, max_seq_length - 2 = {max_seq_length - 2}), got {keep_tail}"
-        )
+    room = max_seq_length - tokenizer.num_special_tokens(False)  # a single text's pieces
+    if not 0 <= keep_tail < room:
+        raise ValueError(f"keep_tail must be in [0, max_seq_length - {max_seq_length - room} "
+                         f"= {room}), got {keep_tail}")  # fmt: skip
     n = len(examples)
     ids = np.zeros((n, max_seq_length), np.int32)
     mask = np.zeros_like(ids)
     segments = np.zeros_like(ids)
-    pieces_a = tokenizer.encode_batch([e.text_a for e in examples])
-    pieces_b = tokenizer.encode_batch([e.text_b or "" for e in examples])
-    cls, sep = tokenizer.cls_id, tokenizer.sep_id
+    inputs = tokenizer.encode_for_model_batch(
+        [e.text_a for e in examples], [e.text_b for e in examples], max_seq_length
+    )
     truncated = 0
-    for row, (example, a, b) in enumerate(zip(examples, pieces_a, pieces_b, strict=True)):
-        if example.text_b is not None:
-            if len(a) + len(b) > max_seq_length - 3:
-                truncated += 1
-                truncate_pair(a, b, max_seq_length - 3)
-            tokens = [cls, *a, sep, *b, sep]
-            type_ids = [0] * (len(a) + 2) + [1] * (len(b) + 1)
-        else:
-            if len(a) > max_seq_length - 2:
-                truncated += 1
-                head = max_seq_length - 2 - keep_tail
-                a = a[:head] + (a[len(a) - keep_tail :] if keep_tail else [])
-            tokens = [cls, *a, sep]
-            type_ids = [0] * len(tokens)
+    for row, (example, (tokens, type_ids, cut)) in enumerate(zip(examples, inputs, strict=True)):
+        truncated += cut
+        if cut and keep_tail and example.text_b is None:
+            a = tokenizer.encode(example.text_a)
+            tokens, type_ids, _ = tokenizer.with_special_tokens(
+                a[: room - keep_tail] + a[len(a) - keep_tail :]
+            )
         ids[row, : len(tokens)] = tokens
         segments[row, : len(tokens)] = type_ids
         mask[row, : len(tokens)] = 1

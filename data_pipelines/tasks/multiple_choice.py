@@ -1,9 +1,12 @@
 r"""Multiple choice in the BERT paper's SWAG shape: one sequence per choice, one score each.
 
-Each choice of an example becomes `[CLS] context [SEP] ending [SEP]` (token types 0 then
-1); a model scores every sequence and the softmax runs over the example's choices.
-Truncation is the sentence-pair rule of `classification_features` (the longer side loses
-its last piece until the pair fits), counted and logged.
+Each choice of an example becomes the pair (context, ending) as the tokenizer's model takes
+it: BERT's `[CLS] context [SEP] ending [SEP]` (token types 0 then 1), a tokenizer.json's
+own post-processor's (RoBERTa's `<s> context </s></s> ending </s>`); a model scores every
+sequence and the softmax runs over the example's choices. Truncation is the tokenizer's
+pair rule (`Tokenizer.encode_for_model_batch`: BERT's, the longer side loses its last
+piece until the pair fits; a tokenizer.json's, the `tokenizers` library's longest-first),
+counted and logged.
 
 The task, `goal_step_wikihow` (step inference; Zhang, Lyu and Callison-Burch 2020,
 in the BIG-bench sdist, `data_pipelines.tasks.bigbench`): given a wikiHow goal ("The most
@@ -28,7 +31,6 @@ import numpy as np
 
 from data_pipelines import registry
 from data_pipelines.tasks import bigbench
-from data_pipelines.tasks.classification_features import truncate_pair
 from data_pipelines.tasks.formats import TaskDataError
 
 log = logging.getLogger(__name__)
@@ -118,28 +120,28 @@ def encode_choices(
     *,
     name: str = "examples",
 ) -> ChoiceFeatures:
-    """`[CLS] context [SEP] ending [SEP]` for every choice: (N, K, T) arrays."""
+    """The pair (context, ending) of every choice, as the tokenizer lays pairs out:
+    (N, K, T) arrays."""
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length must be at least 3, got {max_seq_length}")
     n, k = len(examples), len(examples[0].endings)
-    ids = np.zeros((n, k, max_seq_length), np.int32)
-    mask, segments = np.zeros_like(ids), np.zeros_like(ids)
-    contexts = tokenizer.encode_batch([e.context for e in examples])
-    endings = tokenizer.encode_batch([ending for e in examples for ending in e.endings])
-    cls, sep = tokenizer.cls_id, tokenizer.sep_id
-    truncated = 0
-    for row, (example, context) in enumerate(zip(examples, contexts, strict=True)):
+    for example in examples:
         if len(example.endings) != k:
             raise TaskDataError(f"{name}: example {example.guid} has not {k} choices")
-        for choice in range(k):
-            a, b = list(context), list(endings[row * k + choice])
-            if len(a) + len(b) > max_seq_length - 3:
-                truncated += 1
-                truncate_pair(a, b, max_seq_length - 3)
-            tokens = [cls, *a, sep, *b, sep]
-            ids[row, choice, : len(tokens)] = tokens
-            segments[row, choice, len(a) + 2 : len(tokens)] = 1
-            mask[row, choice, : len(tokens)] = 1
+    ids = np.zeros((n, k, max_seq_length), np.int32)
+    mask, segments = np.zeros_like(ids), np.zeros_like(ids)
+    inputs = tokenizer.encode_for_model_batch(
+        [e.context for e in examples for _ in e.endings],
+        [ending for e in examples for ending in e.endings],
+        max_seq_length,
+    )
+    truncated = 0
+    for i, (tokens, type_ids, cut) in enumerate(inputs):
+        row, choice = divmod(i, k)
+        truncated += cut
+        ids[row, choice, : len(tokens)] = tokens
+        segments[row, choice, : len(tokens)] = type_ids
+        mask[row, choice, : len(tokens)] = 1
     if truncated:
         log.warning("%s: %d of %d choice sequences are longer than max_seq_length=%d and were "
                     "truncated", name, truncated, n * k, max_seq_length)  # fmt: skip

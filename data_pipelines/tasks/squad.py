@@ -9,12 +9,14 @@ context nearest to `answer_start`, as when an offset is one character off; eithe
 question and counts them, and nothing is changed silently). A training question must have
 exactly one answer unless it is marked `is_impossible` (v2.0).
 
-Features (the original `run_squad.py` recipe): `[CLS] question [SEP] window [SEP]` with
-the question cut to `max_query_length` pieces and the document covered by windows of at
-most `max_seq_length - len(question) - 3` pieces, each starting `doc_stride` pieces after
-the previous one. A piece in several windows is scored only in the window where it has the
-most context on both sides (`token_is_max_context`). For training, a window that does not
-contain the whole answer (or an unanswerable question) points start and end at [CLS].
+Features (the original `run_squad.py` recipe): `[CLS] question [SEP] window [SEP]` (the
+pair as the tokenizer lays it out: a tokenizer.json's own post-processor, e.g. RoBERTa's
+`<s> question </s></s> window </s>`) with the question cut to `max_query_length` pieces and
+the document covered by windows of at most `max_seq_length - len(question) - 3` pieces (3:
+the pair's special tokens), each starting `doc_stride` pieces after the previous one. A
+piece in several windows is scored only in the window where it has the most context on
+both sides (`token_is_max_context`). For training, a window that does not contain the
+whole answer (or an unanswerable question) points start and end at position 0 ([CLS]).
 """
 
 from __future__ import annotations
@@ -271,8 +273,7 @@ def encode_squad(
     tokens_out, maps, max_contexts = [], [], []
     num_split = num_query_cut = 0
     questions = tokenizer.tokenize_batch([e.question for e in examples])
-    # The tokenizer's own names ([CLS] in BERT's, <s> in RoBERTa's).
-    cls, sep = tokenizer.convert_ids_to_tokens([tokenizer.cls_id, tokenizer.sep_id])
+    specials = tokenizer.num_special_tokens(True)
     for index, (example, query) in enumerate(zip(examples, questions, strict=True)):
         if len(query) > max_query_length:
             num_query_cut += 1
@@ -290,7 +291,7 @@ def encode_squad(
             end = (word_first_piece[last] if last < len(word_pieces) else len(doc_tokens)) - 1
             answer = improve_answer_span(doc_tokens, start, end, tokenizer, example.answer_text)
 
-        room = max_seq_length - len(query) - 3
+        room = max_seq_length - len(query) - specials
         if room <= 0:
             raise ValueError(f"max_seq_length={max_seq_length} leaves no room for the document "
                              f"after a {len(query)}-piece question")  # fmt: skip
@@ -304,20 +305,22 @@ def encode_squad(
             offset += min(length, doc_stride)
         num_split += len(windows) > 1
 
+        query_ids = tokenizer.convert_tokens_to_ids(query)
+        doc_ids = tokenizer.convert_tokens_to_ids(doc_tokens)
         for w, (start, length) in enumerate(windows):
-            tokens = [cls, *query, sep]
+            input_ids, types, first = tokenizer.with_special_tokens(
+                query_ids, doc_ids[start : start + length]
+            )  # `first`: where the window's first piece lands
+            tokens = tokenizer.convert_ids_to_tokens(input_ids)
             to_word, is_max = {}, {}
             for i in range(start, start + length):
-                to_word[len(tokens)] = piece_to_word[i]
-                is_max[len(tokens)] = _max_context(windows, w, i)
-                tokens.append(doc_tokens[i])
-            tokens.append(sep)
-            types = [0] * (len(query) + 2) + [1] * (length + 1)
+                to_word[first + i - start] = piece_to_word[i]
+                is_max[first + i - start] = _max_context(windows, w, i)
             start_position = end_position = 0
             if answer is not None and start <= answer[0] and answer[1] < start + length:
-                start_position = answer[0] - start + len(query) + 2
-                end_position = answer[1] - start + len(query) + 2
-            rows["ids"].append(tokenizer.convert_tokens_to_ids(tokens))
+                start_position = answer[0] - start + first
+                end_position = answer[1] - start + first
+            rows["ids"].append(input_ids)
             rows["types"].append(types)
             rows["start"].append(start_position)
             rows["end"].append(end_position)
