@@ -92,6 +92,10 @@ REHEARSED = (
 )
 
 
+# Extended tier: a rehearsal of a benchmark tool for a lent GPU (five row processes, each
+# compiling its step: ~32 s of make test's budget). make test keeps the plan, the rates and
+# the batches below, in this process, and the command line answering -h.
+@pytest.mark.extended
 def test_tiny_rehearsal_runs_every_row_without_tensorflow(tmp_path):
     hooks, out = tmp_path / "hooks", tmp_path / "out"
     hooks.mkdir()
@@ -242,6 +246,14 @@ def test_modern_instances_are_single_segments_with_30_percent_masked():
     assert not batch["next_sentence_labels"].any()
     assert (batch["input_ids"] == accelerator_rows.SEP).sum(axis=1).tolist() == [1, 1]
     assert batch["masked_lm_weights"].sum(axis=1).tolist() == [round(0.3 * 1024)] * 2
+
+
+def test_h_prints_the_flags_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as exited:
+        bench.parse_args(["-h"])
+    assert exited.value.code == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("usage: ") and "--time_budget_s" in printed
 
 
 def _args(*flags: str):

@@ -18,6 +18,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 2000  # word ids are drawn from [1000, VOCAB)
 
 
+# Extended tier: a rehearsal of a benchmark tool (an orchestrator and a worker process, each
+# compiling its steps: ~12 s of make test's budget). What the suite checks of the model step
+# itself stays in make test (test_train, test_model_flops for the FLOP count behind its MFU);
+# its command line answering -h stays below.
+@pytest.mark.extended
 def test_bench_model_tiny_runs_and_reports(tmp_path):
     output = tmp_path / "bench.json"
     command = [
@@ -41,3 +46,13 @@ def test_bench_model_tiny_runs_and_reports(tmp_path):
         best = max(report["peaks"].values())
         assert record["mfu"] == pytest.approx(record["useful_gflops"] / best)
     assert set(report["peaks"]) == {"peak[jax,float32]", "peak[jax,bfloat16]"}
+
+
+def test_h_prints_the_flags_and_exits_0(capsys):
+    from benchmarks import bench_model
+
+    with pytest.raises(SystemExit) as exited:
+        bench_model.parse_args(["-h"])
+    assert exited.value.code == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("usage: python -m benchmarks.bench_model") and "--sizes" in printed

@@ -270,6 +270,9 @@ def _tiny_config(data_dir, prng_impl: str, stop_at_step=None):
     """bert_tiny_cpu.py on the synthetic records (the subprocess runs' flags), 4 steps on a
     4 data x 2 tensor mesh, dropout keys in `prng_impl`."""
     config = synth.tiny_config(str(data_dir))
+    # One layer: the keys a resume derives do not depend on the depth, and the step compiles
+    # faster.
+    config.model.num_hidden_layers = 1
     config.data.eval_files = ""  # the final state covers what evaluation would compare
     config.num_train_steps = PRNG_STEPS
     config.stop_at_step = stop_at_step

@@ -41,6 +41,9 @@ def data_dir(tmp_path_factory):
 def _config(data_dir, **changes):
     """bert_tiny_cpu.py on the synthetic records: STEPS steps, a checkpoint every 2."""
     config = synth.tiny_config(str(data_dir))
+    # One layer: what is checked (the data identity, refusals, a fault's landing) does not
+    # depend on the depth, and the step compiles faster.
+    config.model.num_hidden_layers = 1
     config.data.eval_files = ""
     config.num_train_steps = STEPS
     config.log_every = 2

@@ -206,8 +206,18 @@ def _single_device():
 
 @pytest.mark.parametrize(
     "mesh_shape",
-    [(8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 1, 4), (2, 2, 2)],
-    ids=["dp", "fsdp", "tp", "dp_tp", "dp_fsdp_tp"],
+    [
+        # Extended tier (~12 s each); make test still checks what each of them checks.
+        # dp: test_the_rule_table_in_the_config_switches_dp_fsdp_tp[dp] runs the all-data-
+        # parallel step on 8 devices against this same single-device run (and the (8,1,1)
+        # mesh trains in test_weight_update_sharding). dp_tp: dp_fsdp_tp below splits data
+        # and tensor too, with fsdp.
+        pytest.param((8, 1, 1), id="dp", marks=pytest.mark.extended),
+        pytest.param((1, 8, 1), id="fsdp"),
+        pytest.param((1, 1, 8), id="tp"),
+        pytest.param((2, 1, 4), id="dp_tp", marks=pytest.mark.extended),
+        pytest.param((2, 2, 2), id="dp_fsdp_tp"),
+    ],
 )
 def test_five_steps_on_a_mesh_equal_the_single_device_run(mesh_shape):
     losses_ref, kernel_ref, _ = _single_device()
