@@ -12,14 +12,13 @@ Phase 2 is the paper's context extension (Warner et al. 2024: 8,192-token sequen
 global layers' rotary theta 160,000 — the preset's already —, 300B more tokens at an lr
 of 3e-4, which the paper holds constant and then decays; ours warms up and decays
 linearly): it starts from phase 1's params with a fresh schedule (`init_from`, as
-`bert_large_lamb.py`). Its batch is our choice, not the paper's: one 8,192-token
-sequence per chip (64 per step, 0.5M tokens), because a global layer's einsum attention
-holds f32 (A, T, T) probabilities, 10.5 GiB of temporaries per sequence on v4
-(docs/tpu_estimates.md, "Local attention"): two fit but cost 19% more per token by the
-compiler's estimate, three do not fit (with einsum attention; splash, which this config
-selects, holds no (T, T) array: 2.7 GiB per chip). Every layer is recomputed in the backward
-pass (`remat full`): with splash it is 10% faster than keeping the weight matmuls' outputs
-(MaxText's "minimal"), which was 1% faster under einsum attention.
+`bert_large_lamb.py`). Its batch is the paper's too: 576 sequences of 8,192 (4.7M tokens
+per step), 9 per chip. Under the einsum attention a global layer's f32 (A, T, T)
+probabilities (10.5 GiB per sequence) held it to one per chip; splash holds no (T, T)
+array, and by the TPU compiler's estimate 9 per chip with every layer recomputed in the
+backward pass (`remat full`) fit in 13.4 GiB and cost 20% less per token than one per
+chip (1,466.9 ms per step, 163.0 ms per sequence and 24.2% MFU against 204.0 ms and 19.4%;
+docs/tpu_modernbert_recipe.md, "Remat policies and rows per chip with splash").
 
   python -m experiments.aot_compile --config=experiments/configs/modernbert_base_tpu.py:phase1
 
@@ -38,8 +37,8 @@ TOPOLOGY = "v4:4x4x4"  # 64 v4 chips: 4,608 / 64 = 72 sequences per chip per upd
 # that fit without recomputation (docs/tpu_modernbert_recipe.md).
 GRAD_ACCUM = 4
 LONG_SEQ_LEN = 8_192  # the paper's extended context (the preset's max_position_embeddings)
-# phase 2: 300B tokens (the paper's context extension) at 64 x 8,192 tokens per step
-LONG_BATCH, LONG_STEPS = 64, 572_000
+# phase 2: 300B tokens (the paper's context extension) at the paper's 576 x 8,192 per step
+LONG_BATCH, LONG_STEPS = 576, 63_578
 
 
 def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
@@ -66,13 +65,12 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
         data.max_predictions_per_seq = 2_496  # P: >= 30% of 8,192, a multiple of 64
         data.max_instances_per_row = 16  # instance slots of a packed row
         config.init_from = cloud_tpu.run_dir(bucket, CONFIG_NAME, "phase1") + "/checkpoints"
-        config.global_batch_size = LONG_BATCH  # one sequence per chip (global layers' T x T)
+        config.global_batch_size = LONG_BATCH  # the paper's: 9 sequences per chip
         config.num_train_steps = LONG_STEPS  # this phase's own schedule
         config.start_step = 0  # params only: the step count restarts
         config.optimizer.learning_rate = 3e-4  # the paper's context-extension peak rate
         config.optimizer.warmup_steps = 640  # as phase 1 (our choice)
-        # every layer recomputed: with splash, 204.0 ms/step (19.4% MFU, 2.7 GiB) against
-        # 225.6 ms keeping the weight matmuls' outputs (MaxText's "minimal"), which was the
-        # faster of the two under einsum attention (docs/tpu_modernbert.md)
+        # every layer recomputed: 9 per chip, 1,466.9 ms/step (24.2% MFU, 13.4 GiB); 4 per
+        # chip 187.5 ms per sequence, 1 per chip 204.0 (docs/tpu_modernbert_recipe.md)
         config.model.remat_policy = "full"
     return config
