@@ -19,13 +19,16 @@ op, so each top-level op of the entry computation is measured from the program t
 
 The table is printed with each kind's GB, share of the program's bytes, estimated cycles'
 share, and the program's totals beside the cost model's, so the method's error is on the
-page. Examples:
+page; then each kind's tile padding (GB as laid out against GB unpadded: a head dim of 64
+in 128-lane tiles is 2x) and the `--top` ops with their result's shape and layout, the
+first place to look for an array that should not be in HBM or not in that layout.
+Examples:
 
   python -m benchmarks.hbm_breakdown \
       --config=experiments/configs/modernbert_base_tpu.py:phase1
   python -m benchmarks.hbm_breakdown --config=experiments/configs/modernbert_base_tpu.py:phase1 \
       --save_hlo=/tmp/phase1.hlo        # keep the program text; --hlo=/tmp/phase1.hlo re-reads it
-(docs/tpu_modernbert_recipe.md has the table of 2026-11-29.)
+(docs/tpu_modernbert_recipe.md has the einsum-era tables, docs/tpu_modernbert.md the splash ones.)
 """
 
 from __future__ import annotations
@@ -184,10 +187,24 @@ def parse_instruction(line: str) -> Instruction | None:
     return Instruction(m.group(1), shape, op.group(1), operands, rest[end:])
 
 
+def _statements(hlo_text: str) -> list[str]:
+    """The program text's lines with each instruction whole: a Pallas kernel's backend
+    config holds newlines (its `xprof_metadata`), so a line that opens neither an
+    instruction, a computation nor closes one continues the line before it."""
+    out = []
+    for line in hlo_text.splitlines():
+        starts = re.match(r"\s*(?:ROOT )?%|(?:ENTRY )?%|HloModule|\}\s*$|\s*$", line)
+        if starts or not out:
+            out.append(line)
+        else:
+            out[-1] += line
+    return out
+
+
 def computations(hlo_text: str) -> tuple[dict[str, list[Instruction]], str]:
     """The program's computations by name, and the entry computation's name."""
     comps, entry, current = {}, None, None
-    for line in hlo_text.splitlines():
+    for line in _statements(hlo_text):
         header = re.match(r"(ENTRY )?%([\w.\-]+) .*\{\s*$", line)
         if header and not line.startswith(" "):
             current = header.group(2)
@@ -212,9 +229,11 @@ class OpCost:
     name: str
     opcode: str
     kind: str
-    bytes: int
+    bytes: int  # as laid out: each array grown to whole tiles
     cycles: int
     op_name: str
+    unpadded: int = 0  # the same arrays' bytes without tile padding
+    shape: str = ""  # the result's HLO shape, with its layout and tiling
 
 
 def _inside(comps, name: str, seen=None) -> tuple[set[str], list[str]]:
@@ -247,12 +266,12 @@ def op_costs(hlo_text: str) -> list[OpCost]:
             # A copy's (destination, source, context), a slice's ((operand), slice, context):
             # what moves is element 1's bytes, read from one memory and written to another.
             elements = _ARRAY.findall(result)
-            moved = array_bytes("{}[{}]{{{}}}".format(*elements[1])) if len(elements) > 1 else 0
-            nbytes = 2 * moved
+            moved = "{}[{}]{{{}}}".format(*elements[1]) if len(elements) > 1 else ""
+            nbytes, unpadded = 2 * array_bytes(moved), 2 * array_bytes(moved, tiled=False)
         else:
-            nbytes = array_bytes(result) + sum(
-                array_bytes(shapes.get(o, "")) for o in inst.operands
-            )
+            arrays = [result] + [shapes.get(o, "") for o in inst.operands]
+            nbytes = sum(array_bytes(a) for a in arrays)
+            unpadded = sum(array_bytes(a, tiled=False) for a in arrays)
         fused, names = set(), _OP_NAME.findall(inst.attrs)
         for callee in _CALLS.findall(inst.attrs):
             more_ops, more_names = _inside(comps, callee)
@@ -267,6 +286,8 @@ def op_costs(hlo_text: str) -> list[OpCost]:
                 bytes=nbytes,
                 cycles=int(cycles.group(1)) if cycles else 0,
                 op_name=names[0] if names else "",
+                unpadded=unpadded,
+                shape=result,
             )
         )
     return costs
@@ -300,13 +321,36 @@ def table(costs: list[OpCost], program_bytes: float | None) -> str:
 
 
 def largest(costs: list[OpCost], n: int) -> str:
-    """The `n` ops that move the most bytes, with their kind and jax name."""
+    """The `n` ops that move the most bytes: GB as laid out, the padding's share of them
+    (bytes as laid out over bytes unpadded), kind, opcode, the result's shape with its
+    layout, and the jax name."""
     rows = sorted(costs, key=lambda c: -c.bytes)[:n]
-    return "\n".join(
-        f"{c.bytes / 1e9:8.2f} GB  {c.cycles:>10,} cyc  {c.kind:<36} {c.opcode:<12} "
-        f"{c.op_name[-110:]}"
-        for c in rows
-    )
+    lines = [f"{'GB':>8}  {'padded':>6}  {'cycles':>10}  kind / opcode / result / jax name"]
+    for c in rows:
+        padding = c.bytes / c.unpadded if c.unpadded else 1.0
+        lines.append(
+            f"{c.bytes / 1e9:8.2f}  {padding:5.2f}x  {c.cycles:>10,}  {c.kind} / {c.opcode} / "
+            f"{c.shape[:100]} / {c.op_name[-110:]}"
+        )
+    return "\n".join(lines)
+
+
+def padding_table(costs: list[OpCost]) -> str:
+    """Tile padding by op kind: GB as laid out against GB unpadded."""
+    laid, bare = collections.Counter(), collections.Counter()
+    for c in costs:
+        laid[c.kind] += c.bytes
+        bare[c.kind] += c.unpadded
+    lines = [
+        "| op kind | GB as laid out | GB unpadded | padding |",
+        "| --- | --- | --- | --- |",
+    ]
+    for kind in sorted(laid, key=lambda k: -laid[k]):
+        ratio = laid[kind] / bare[kind] if bare[kind] else 1.0
+        lines.append(
+            f"| {kind} | {laid[kind] / 1e9:,.1f} | {bare[kind] / 1e9:,.1f} | {ratio:.2f}x |"
+        )
+    return "\n".join(lines)
 
 
 def compile_program(config, topology: str | None):
@@ -360,6 +404,8 @@ def main(argv) -> int:
             f"{flops / 1e12:,.1f} TFLOP (XLA-counted), estimate {step}"
         )
     print(table(costs, totals.get("bytes accessed")))
+    print("\ntile padding by kind:")
+    print(padding_table(costs))
     if FLAGS.top:
         print(f"\nthe {FLAGS.top} ops moving the most bytes:")
         print(largest(costs, FLAGS.top))

@@ -95,16 +95,37 @@ def rotary_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[ja
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rotary(x: jax.Array, tables: tuple[jax.Array, ...]) -> jax.Array:
+def apply_rotary(x: jax.Array, tables: tuple[jax.Array, ...], product_dtype=None) -> jax.Array:
     """Rotates (B, T, A, D) queries or keys by their positions' angles (`rotary_tables`).
 
     Dimension i pairs with i + D/2: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), so that
     a query-key product depends on the positions only through their difference.
+
+    `product_dtype` (None: slices) forms the rotated half-swap (-x2, x1) as a product with a
+    (D, D) signed permutation, x rounded to `product_dtype` (each output is one product, so
+    exact in f32): on a TPU the two (.., D/2) slices of a head of 64 are each laid out in
+    whole 128-lane tiles, and XLA writes them to HBM 4x padded, forward and backward.
     """
     cos, sin = (t[:, :, None, :] for t in tables)  # (B, T, 1, D)
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    if product_dtype is None:
+        x1, x2 = jnp.split(x, 2, axis=-1)
+        rotated = jnp.concatenate([-x2, x1], axis=-1)
+    else:
+        swap = jnp.asarray(rotate_half_matrix(x.shape[-1]), product_dtype)
+        rotated = jnp.einsum(
+            "btad,de->btae", x.astype(product_dtype), swap, preferred_element_type=jnp.float32
+        )
     return x * cos + rotated * sin
+
+
+def rotate_half_matrix(head_dim: int) -> np.ndarray:
+    """(D, D) P with x @ P = (-x2, x1), x2 the upper half of x: rotary's half-swap."""
+    half = head_dim // 2
+    index = np.arange(half)
+    swap = np.zeros((head_dim, head_dim), np.float32)
+    swap[half + index, index] = -1.0  # output i < D/2 takes -x[i + D/2]
+    swap[index, half + index] = 1.0  # output i + D/2 takes x[i]
+    return swap
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:

@@ -295,8 +295,10 @@ class SelfAttention(nn.Module):
         if local is not None:
             rotary = layers.select(is_global, inputs.rotary, local.rotary)
         if rotary is not None:
-            # f32 angles, the rotated values back in the activations' dtype
-            q, k = (layers.apply_rotary(y, rotary).astype(y.dtype) for y in (q, k))
+            # f32 angles, the rotated values back in the activations' dtype; on the TPU
+            # kernels' path the half-swap is a product (layers.apply_rotary: no lane slices)
+            product = cfg.dtype if cfg.attention_implementation == "splash" else None
+            q, k = (layers.apply_rotary(y, rotary, product).astype(y.dtype) for y in (q, k))
         q = constrain(q, ("batch", "length", "heads", "kv"))
         k = constrain(k, ("batch", "length", "heads", "kv"))
         v = constrain(v, ("batch", "length", "heads", "kv"))

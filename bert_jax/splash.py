@@ -223,6 +223,11 @@ def _kernel(length, heads, window, block_q, block_kv, interpret):
         block_kv_dkv_compute=block_kv,
         block_q_dq=block_q,
         block_kv_dq=block_kv,
+        # q, k, v handed over (A, D, T), T minor: laid out (A, T, D), a head of 64 fills its
+        # 128-lane tiles half, and the arrays XLA writes for the kernels are 2x their bytes
+        q_layout=splash.QKVLayout.SEQ_MINOR,
+        k_layout=splash.QKVLayout.SEQ_MINOR,
+        v_layout=splash.QKVLayout.SEQ_MINOR,
     )
     mask = splash.MultiHeadMask([splash_mask(length, window)] * heads)
     return splash.make_splash_mha(

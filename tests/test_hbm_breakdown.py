@@ -65,3 +65,33 @@ def test_each_top_level_op_gets_its_bytes_cycles_and_kind():
     assert copy.kind == "copies/transposes" and copy.bytes == 2 * 8 * 128 * 4  # read + write
     table = hb.table(list(costs.values()), program_bytes=2 * sum(c.bytes for c in costs.values()))
     assert "| matmuls |" in table and "(the ops' sum is 50.0% of it)" in table
+
+
+# A Pallas kernel as the TPU compiler prints it: its frontend attributes' metadata holds a
+# newline and a continuation line opening with "}}" (splash attention's kernels do).
+KERNEL = """\
+  %kernel.1 = bf16[2,64,128]{2,1,0:T(8,128)(2,1)} custom-call(%param.5), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={
+"xprof_metadata":"{\\"block_q\\": 128}"
+}}, metadata={op_name="jit(train_step)/jvp(BertForPreTraining)/bert/encoder/layer_0/attention/attention._attend/shard_map/pallas_call"}
+  %after = bf16[2,128,64]{2,1,0:T(8,128)(2,1)} copy(%kernel.1)
+"""
+
+
+def test_a_kernel_whose_config_spans_lines_ends_no_computation():
+    """Before the continuation lines were joined, the "}}" line closed the entry computation
+    and every op after the first kernel went uncounted (9% of a splash step's bytes)."""
+    entry = HLO.replace(
+        "  %param.4 = f32[64]",
+        "  %param.5 = bf16[2,128,64]{2,1,0:T(8,128)(2,1)} parameter(4)\n"
+        + KERNEL
+        + "  %param.4 = f32[64]",
+    )
+    costs = {c.name: c for c in hb.op_costs(entry)}
+    assert {"kernel.1", "after", "update", "copy-start.1"} <= set(costs)
+    kernel = costs["kernel.1"]
+    assert kernel.kind == "attention scores/softmax"
+    # Operand (2, 128, 64): its 64-wide rows fill 128-lane tiles; the (2, 64, 128) result does not.
+    assert kernel.bytes == 2 * 128 * 128 * 2 + 2 * 64 * 128 * 2
+    assert kernel.unpadded == 2 * (2 * 128 * 64 * 2)
+    assert costs["after"].bytes == kernel.bytes  # the same two arrays, the other way round
+    assert "| attention scores/softmax | 0.0 | 0.0 | 1.50x |" in hb.padding_table([kernel])

@@ -160,13 +160,27 @@ def _roformer(x, positions, theta):
     return out
 
 
-def test_rotary_is_roformers_rotation():
+@pytest.mark.parametrize("product_dtype", [None, jnp.float32])  # slices; the TPU path's product
+def test_rotary_is_roformers_rotation(product_dtype):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2, 9, 3, 8)).astype(np.float32)
     positions = np.array([list(range(9)), [0, 1, 2, 3, 0, 1, 2, 0, 1]])  # row 1 packed
     tables = layers.rotary_tables(jnp.asarray(positions), 8, 500.0)
-    got = np.asarray(layers.apply_rotary(jnp.asarray(x), tables))
+    got = np.asarray(layers.apply_rotary(jnp.asarray(x), tables, product_dtype))
     np.testing.assert_allclose(got, _roformer(x, positions, 500.0), atol=2e-6)
+
+
+def test_rotary_as_a_product_materialises_no_half_head():
+    """The product form's forward and backward hold no (.., D/2) array (a TPU pads each half
+    of a 64-wide head to 128 lanes): the half-swap is one (D, D) product, not two slices."""
+    tables = layers.rotary_tables(jnp.arange(9)[None], 8, 500.0)
+
+    def loss(x):
+        return (layers.apply_rotary(x, tables, jnp.bfloat16) ** 2).sum()
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(jnp.ones((1, 9, 3, 8)))
+    shapes = [v.aval.shape for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars]
+    assert not [shape for shape in shapes if shape[-1:] == (4,)]
 
 
 def _softmax(x):

@@ -246,6 +246,33 @@ def test_the_traced_step_carries_the_estimates_through_vmap_and_the_backward():
         assert estimate.bytes_accessed == 2 * want[kind].bytes_accessed, kind
 
 
+def test_the_kernels_read_q_k_v_with_the_sequence_minor():
+    """splash's kernels take q, k and v as (A, D, T) (`QKVLayout.SEQ_MINOR`): a TPU lays a
+    head dim of 64 over whole 128-lane tiles, so the (A, T, D) arrays XLA writes for the
+    kernels would be half padding; with T minor they are dense."""
+    ids, _, _ = _rows(LENGTHS)
+    q = jnp.zeros((2, T, 2, 16))
+
+    def loss(q):
+        return splash.attention(CONFIG, q, q, q, jnp.asarray(ids), local=False).sum()
+
+    seq_minor = {}
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                shapes = [v.aval.shape for v in eqn.invars if hasattr(v.aval, "shape")]
+                kind = splash.kernel_kind(str(eqn.params["name"]))
+                seq_minor[kind] = sum(shape[-2:] == (16, T) for shape in shapes)
+            for value in eqn.params.values():
+                inner = getattr(value, "jaxpr", value)
+                if hasattr(inner, "eqns"):
+                    walk(inner)
+
+    walk(jax.make_jaxpr(jax.grad(loss))(q).jaxpr)
+    assert seq_minor == {"fwd": 3, "dq": 3, "dkv": 3}
+
+
 @pytest.mark.extended
 def test_interpret_mode_needs_no_libtpu():
     """CI's `make test` has no libtpu: the splash path imports and runs without it (the
