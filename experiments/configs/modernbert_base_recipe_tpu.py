@@ -79,7 +79,7 @@ NO_REMAT_ROWS = 18
 # Phases 2 and 3 (the paper's context extension): 250B tokens held at 3e-4, then 50B decayed.
 LONG_TOKENS, DECAY_TOKENS = 250_000_000_000, 50_000_000_000
 # Sequences of 8,192 per chip: the paper's 576 per step, with splash attention the fastest
-# per token by the compiler's estimate (`remat full`: 163.0 ms per sequence against 204.0
+# per token by the compiler's estimate (`remat full`: 114.8 ms per sequence against 140.2
 # at 1 per chip; docs/tpu_modernbert_recipe.md).
 LONG_ROWS_PER_CHIP = 9
 
