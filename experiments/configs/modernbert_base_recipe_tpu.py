@@ -37,8 +37,8 @@ and layout, each choice marked with its source:
 
 The layout is `modernbert_base_tpu.py`'s (64-way data parallel, the weight update sharded),
 one step per update: nothing recomputed at 18 sequences per chip (`warmup1`), every layer
-above, phase 2 its `minimal` remat. By the TPU compiler's estimate the whole recipe takes
-10.7 days on the v4-128 (docs/tpu_modernbert_recipe.md has each stage's figures).
+above and in phase 2. By the TPU compiler's estimate (splash attention) the whole recipe
+takes 4.0 days on the v4-128 (docs/tpu_modernbert_recipe.md has each stage's figures).
 
 Step counts are the paper's token counts at our batches. The run, stage by stage:
 

@@ -2,11 +2,12 @@ r"""ModernBERT-base on a TPU v4 slice: v4:4x4x4 (64 chips, `v4-128`), T=1,024 th
 
 Phase 1 is `modernbert_base.py` (the paper's 4,608 x 1,024-token batch, 30% masking,
 packed rows, 360k updates), data parallel with the weight update sharded over the chips:
-each update sums the gradients of 4 micro-steps of 18 sequences per chip, nothing
-recomputed in the backward pass (`remat none`). By the TPU compiler's estimate that is 7.7%
-faster per update than 72 sequences per chip with every layer recomputed (`remat full`),
-the only other layout that fits (docs/tpu_modernbert_recipe.md has both, and those that do
-not fit).
+one step of 72 sequences per chip per update, every layer recomputed in the backward pass
+(`remat full`). By the TPU compiler's estimate (splash attention, with the splash path's
+layout changes) that is 769.5 ms per update, 27.8% MFU, 13.0 GiB: 6.7% faster than four
+micro-steps of 18 per chip with nothing recomputed (824.4 ms, 26.0%, 24.3 GiB), the faster
+of the two before those changes, when the named remat policies that fit were slower still
+(docs/tpu_modernbert_recipe.md, "Remat policies and rows per chip with splash").
 
 Phase 2 is the paper's context extension (Warner et al. 2024: 8,192-token sequences,
 global layers' rotary theta 160,000 — the preset's already —, 300B more tokens at an lr
@@ -33,9 +34,6 @@ from experiments.configs import cloud_tpu, modernbert_base
 
 CONFIG_NAME = "modernbert_base_tpu"
 TOPOLOGY = "v4:4x4x4"  # 64 v4 chips: 4,608 / 64 = 72 sequences per chip per update in phase 1
-# Phase 1's micro-steps per update: 72 / 4 = 18 sequences per chip per micro-step, the most
-# that fit without recomputation (docs/tpu_modernbert_recipe.md).
-GRAD_ACCUM = 4
 LONG_SEQ_LEN = 8_192  # the paper's extended context (the preset's max_position_embeddings)
 # phase 2: 300B tokens (the paper's context extension) at the paper's 576 x 8,192 per step
 LONG_BATCH, LONG_STEPS = 576, 63_578
@@ -52,11 +50,9 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     # Pallas' flash kernels, no (T, S) arrays (bert_jax.splash; issue 66): TPU-only, as this config
     config.model.attention_implementation = "splash"
     if phase == "phase1":
-        opt = config.optimizer
-        opt.grad_accum_steps = GRAD_ACCUM  # the paper's 4,608 per update, 1,152 per micro-step
-        config.global_batch_size //= GRAD_ACCUM  # sequences per micro-step
-        config.num_train_steps *= GRAD_ACCUM  # micro-steps (the schedule counts updates)
-        config.model.remat_policy = "none"  # 18 per chip fit with every activation kept
+        # 72 per chip, every layer recomputed: 769.5 ms/update against 824.4 for 18 x 4
+        # micro-steps with nothing recomputed (docs/tpu_modernbert_recipe.md)
+        config.model.remat_policy = "full"
     if phase == "phase2":
         data = config.data
         data.max_seq_length = LONG_SEQ_LEN  # T of the records
