@@ -39,6 +39,13 @@ REMAT_POLICIES = (
     "dots_saveable",  # keep matmul outputs, recompute elementwise ops
     "dots_with_no_batch_dims_saveable",  # keep weight matmuls, recompute attention
     "nothing_saveable",  # same as "full", spelled as a jax policy
+    # MaxText's names; the named ones keep the outputs of the layers' matmuls that the model
+    # tags (`model.Dense.tag`: query_proj key_proj value_proj out_proj mlpwi mlpwo)
+    "minimal",  # dots_with_no_batch_dims_saveable under MaxText's name
+    "save_dot_except_mlp",  # keep q, k, v and the attention output projection
+    "save_dot_except_mlpwi",  # those and the feed-forward's output (post-LN only reads it)
+    "save_qkv_proj",  # keep q, k and v only
+    "save_out_proj",  # keep the attention output projection only
 )
 
 _DTYPES = ("float32", "bfloat16", "float16")

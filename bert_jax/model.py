@@ -21,6 +21,7 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax import attention, layers
 from bert_jax.config import BertConfig
@@ -95,6 +96,9 @@ class Dense(nn.Module):
     Inputs and kernel are cast to the compute dtype, the matmul accumulates and returns
     f32. (Flax's DenseGeneral initialises a flattened kernel, which breaks named-axis
     boxes of rank > 2 under a mesh; here the kernel is created at its real shape.)
+
+    A `tag` names the output for the remat policies that keep some matmuls and not others
+    (`remat_policy`): `checkpoint_name`, an identity, on the output as the layer returns it.
     """
 
     config: BertConfig
@@ -103,6 +107,7 @@ class Dense(nn.Module):
     contract: int = 1
     use_bias: bool = True
     out_dtype: str = "float32"  # the output's dtype (the encoder's layers: activation_dtype)
+    tag: str | None = None  # checkpoint_name of the output (one of REMAT_TAGS), or none
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -114,7 +119,8 @@ class Dense(nn.Module):
             out_names = self.names[self.contract :]
             bias = self.param("bias", zeros_init(out_names), self.features, cfg.param_dtype)
             y = y + bias.astype(jnp.float32)
-        return y.astype(self.out_dtype)
+        y = y.astype(self.out_dtype)
+        return y if self.tag is None else checkpoint_name(y, self.tag)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -187,14 +193,16 @@ def dense(
     axis=-1,
     bias: bool = True,
     activations: bool = False,
+    tag: str | None = None,
 ):
     """`Dense` producing `features` (an int or a tuple) from the input's `axis` dims; the
-    encoder's own layers pass `bias=config.linear_bias` and `activations` (their outputs in
-    config.activation_dtype), task heads keep their biases and f32 outputs."""
+    encoder's own layers pass `bias=config.linear_bias`, `activations` (their outputs in
+    config.activation_dtype) and their `tag` (REMAT_TAGS), task heads keep their biases
+    and f32 outputs."""
     features = (features,) if isinstance(features, int) else tuple(features)
     contract = 1 if isinstance(axis, int) else len(axis)
     out_dtype = config.activation_dtype if activations else "float32"
-    return Dense(config, features, names, contract, bias, out_dtype, name=name)
+    return Dense(config, features, names, contract, bias, out_dtype, tag, name=name)
 
 
 class Embeddings(nn.Module):
@@ -280,9 +288,9 @@ class SelfAttention(nn.Module):
         project = functools.partial(
             dense, cfg, heads, ("embed", "heads", "kv"), bias=cfg.linear_bias, activations=True
         )
-        q = project("query")(x)  # (B, T, A, D)
-        k = project("key")(x)
-        v = project("value")(x)
+        q = project("query", tag="query_proj")(x)  # (B, T, A, D)
+        k = project("key", tag="key_proj")(x)
+        v = project("value", tag="value_proj")(x)
         rotary = inputs.rotary
         if local is not None:
             rotary = layers.select(is_global, inputs.rotary, local.rotary)
@@ -307,7 +315,7 @@ class SelfAttention(nn.Module):
         context = constrain(context, ("batch", "length", "heads", "kv"))
         out_names = ("heads", "kv", "embed")
         output = dense(
-            cfg, cfg.hidden_size, out_names, "output", (-2, -1), cfg.linear_bias, activations=True
+            cfg, cfg.hidden_size, out_names, "output", (-2, -1), cfg.linear_bias, True, "out_proj"
         )
         return output(context)
 
@@ -336,11 +344,11 @@ def feed_forward(config: BertConfig, x: jax.Array) -> jax.Array:
         if glu
         else (cfg.intermediate_size, ("embed", "mlp"))
     )
-    h = dense(cfg, features, names, "intermediate", bias=cfg.linear_bias, activations=True)(x)
+    h = dense(cfg, features, names, "intermediate", -1, cfg.linear_bias, True, "mlpwi")(x)
     h = constrain(h, ("batch", "length", *names[1:]))
     h = layers.gated(h, activation(cfg)) if glu else activation(cfg)(h)  # (B, T, F)
     output = dense(
-        cfg, cfg.hidden_size, ("mlp", "embed"), "output", bias=cfg.linear_bias, activations=True
+        cfg, cfg.hidden_size, ("mlp", "embed"), "output", -1, cfg.linear_bias, True, "mlpwo"
     )
     return output(h)
 
@@ -383,10 +391,28 @@ class TransformerLayer(nn.Module):
         return x, (x if self.return_hidden else None)
 
 
+# The names `Dense` gives the encoder layers' matmul outputs (MaxText's), for remat policies.
+QKV_TAGS = ("query_proj", "key_proj", "value_proj")
+REMAT_TAGS = (*QKV_TAGS, "out_proj", "mlpwi", "mlpwo")
+
+# MaxText's named policies (bert_jax.config.REMAT_POLICIES): the tagged outputs each keeps;
+# everything else in a layer is recomputed in the backward pass.
+SAVED_TAGS = {
+    "save_dot_except_mlp": (*QKV_TAGS, "out_proj"),
+    "save_dot_except_mlpwi": (*QKV_TAGS, "out_proj", "mlpwo"),
+    "save_qkv_proj": QKV_TAGS,
+    "save_out_proj": ("out_proj",),
+}
+
+
 def remat_policy(name: str):
     """Resolves a `remat_policy` name to a `jax.checkpoint_policies` entry."""
     if name in ("full", "nothing_saveable"):
         return jax.checkpoint_policies.nothing_saveable
+    if name == "minimal":  # MaxText's name: every matmul with weights (no batch dims)
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    if name in SAVED_TAGS:
+        return jax.checkpoint_policies.save_only_these_names(*SAVED_TAGS[name])
     return getattr(jax.checkpoint_policies, name)
 
 

@@ -31,16 +31,14 @@ and layout, each choice marked with its source:
   last 50B tokens of the same run: the same data, length and batch, the rate decaying as
   1 - sqrt. The paper ran phase 3 as a run of its own; here it is the tail of phase 2's
   schedule (`optim.warmup_stable_decay`, `decay_shape="1-sqrt"`), so the data read on.
-  Our batch differs: the paper's 576 sequences of 8,192 (its 4.7M tokens per step) would be
-  9 per chip; with the einsum attention a global layer holds f32 (A, T, T) probabilities,
-  10.5 GiB per sequence, so the step takes `LONG_ROWS_PER_CHIP` per chip, the fastest per
-  token by the TPU compiler's estimate (docs/tpu_modernbert_recipe.md: two fit but cost 19%
-  more per token, three do not fit): fewer tokens per step, more steps.
+  The batch is the paper's, 576 sequences of 8,192 (4.7M tokens per step), 9 per chip
+  (`LONG_ROWS_PER_CHIP`): with splash attention the fastest per token of 1, 4 and 9 per chip
+  by the TPU compiler's estimate (docs/tpu_modernbert_recipe.md).
 
 The layout is `modernbert_base_tpu.py`'s (64-way data parallel, the weight update sharded),
 one step per update: nothing recomputed at 18 sequences per chip (`warmup1`), every layer
-above, phase 2 its `minimal` remat. By the TPU compiler's estimate the whole recipe takes
-10.7 days on the v4-128 (docs/tpu_modernbert_recipe.md has each stage's figures).
+above and in phase 2. By the TPU compiler's estimate (splash attention) the whole recipe
+takes 4.0 days on the v4-128 (docs/tpu_modernbert_recipe.md has each stage's figures).
 
 Step counts are the paper's token counts at our batches. The run, stage by stage:
 
@@ -80,9 +78,10 @@ NO_REMAT_ROWS = 18
 
 # Phases 2 and 3 (the paper's context extension): 250B tokens held at 3e-4, then 50B decayed.
 LONG_TOKENS, DECAY_TOKENS = 250_000_000_000, 50_000_000_000
-# Sequences of 8,192 per chip: the fastest per token by the compiler's estimate with the
-# einsum attention (the paper's 576 per step would be 9; docs/tpu_modernbert_recipe.md).
-LONG_ROWS_PER_CHIP = 1
+# Sequences of 8,192 per chip: the paper's 576 per step, with splash attention the fastest
+# per token by the compiler's estimate (`remat full`: 114.8 ms per sequence against 140.2
+# at 1 per chip; docs/tpu_modernbert_recipe.md).
+LONG_ROWS_PER_CHIP = 9
 
 
 def warmup_batches() -> list[int]:

@@ -2,24 +2,24 @@ r"""ModernBERT-base on a TPU v4 slice: v4:4x4x4 (64 chips, `v4-128`), T=1,024 th
 
 Phase 1 is `modernbert_base.py` (the paper's 4,608 x 1,024-token batch, 30% masking,
 packed rows, 360k updates), data parallel with the weight update sharded over the chips:
-each update sums the gradients of 4 micro-steps of 18 sequences per chip, nothing
-recomputed in the backward pass (`remat none`). By the TPU compiler's estimate that is 7.7%
-faster per update than 72 sequences per chip with every layer recomputed (`remat full`),
-the only other layout that fits (docs/tpu_modernbert_recipe.md has both, and those that do
-not fit).
+one step of 72 sequences per chip per update, every layer recomputed in the backward pass
+(`remat full`). By the TPU compiler's estimate (splash attention, with the splash path's
+layout changes) that is 769.5 ms per update, 27.8% MFU, 13.0 GiB: 6.7% faster than four
+micro-steps of 18 per chip with nothing recomputed (824.4 ms, 26.0%, 24.3 GiB), the faster
+of the two before those changes, when the named remat policies that fit were slower still
+(docs/tpu_modernbert_recipe.md, "Remat policies and rows per chip with splash").
 
 Phase 2 is the paper's context extension (Warner et al. 2024: 8,192-token sequences,
 global layers' rotary theta 160,000 — the preset's already —, 300B more tokens at an lr
 of 3e-4, which the paper holds constant and then decays; ours warms up and decays
 linearly): it starts from phase 1's params with a fresh schedule (`init_from`, as
-`bert_large_lamb.py`). Its batch is our choice, not the paper's: one 8,192-token
-sequence per chip (64 per step, 0.5M tokens), because a global layer's einsum attention
-holds f32 (A, T, T) probabilities, 10.5 GiB of temporaries per sequence on v4
-(docs/tpu_estimates.md, "Local attention"): two fit but cost 19% more per token by the
-compiler's estimate, three do not fit (with einsum attention; splash, which this config
-selects, holds no (T, T) array: 2.7 GiB per chip). Every layer is recomputed in the backward
-pass (`remat full`): with splash it is 10% faster than keeping the weight matmuls' outputs
-(MaxText's "minimal"), which was 1% faster under einsum attention.
+`bert_large_lamb.py`). Its batch is the paper's too: 576 sequences of 8,192 (4.7M tokens
+per step), 9 per chip. Under the einsum attention a global layer's f32 (A, T, T)
+probabilities (10.5 GiB per sequence) held it to one per chip; splash holds no (T, T)
+array, and by the TPU compiler's estimate 9 per chip with every layer recomputed in the
+backward pass (`remat full`) fit in 12.7 GiB and cost 18% less per token than one per
+chip: 1,032.9 ms per step, 114.8 ms per sequence, 34.4% MFU, against 140.2 ms and 28.2%
+(docs/tpu_modernbert_recipe.md, "Remat policies and rows per chip with splash").
 
   python -m experiments.aot_compile --config=experiments/configs/modernbert_base_tpu.py:phase1
 
@@ -34,12 +34,9 @@ from experiments.configs import cloud_tpu, modernbert_base
 
 CONFIG_NAME = "modernbert_base_tpu"
 TOPOLOGY = "v4:4x4x4"  # 64 v4 chips: 4,608 / 64 = 72 sequences per chip per update in phase 1
-# Phase 1's micro-steps per update: 72 / 4 = 18 sequences per chip per micro-step, the most
-# that fit without recomputation (docs/tpu_modernbert_recipe.md).
-GRAD_ACCUM = 4
 LONG_SEQ_LEN = 8_192  # the paper's extended context (the preset's max_position_embeddings)
-# phase 2: 300B tokens (the paper's context extension) at 64 x 8,192 tokens per step
-LONG_BATCH, LONG_STEPS = 64, 572_000
+# phase 2: 300B tokens (the paper's context extension) at the paper's 576 x 8,192 per step
+LONG_BATCH, LONG_STEPS = 576, 63_578
 
 
 def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
@@ -53,11 +50,9 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     # Pallas' flash kernels, no (T, S) arrays (bert_jax.splash; issue 66): TPU-only, as this config
     config.model.attention_implementation = "splash"
     if phase == "phase1":
-        opt = config.optimizer
-        opt.grad_accum_steps = GRAD_ACCUM  # the paper's 4,608 per update, 1,152 per micro-step
-        config.global_batch_size //= GRAD_ACCUM  # sequences per micro-step
-        config.num_train_steps *= GRAD_ACCUM  # micro-steps (the schedule counts updates)
-        config.model.remat_policy = "none"  # 18 per chip fit with every activation kept
+        # 72 per chip, every layer recomputed: 769.5 ms/update against 824.4 for 18 x 4
+        # micro-steps with nothing recomputed (docs/tpu_modernbert_recipe.md)
+        config.model.remat_policy = "full"
     if phase == "phase2":
         data = config.data
         data.max_seq_length = LONG_SEQ_LEN  # T of the records
@@ -66,13 +61,12 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
         data.max_predictions_per_seq = 2_496  # P: >= 30% of 8,192, a multiple of 64
         data.max_instances_per_row = 16  # instance slots of a packed row
         config.init_from = cloud_tpu.run_dir(bucket, CONFIG_NAME, "phase1") + "/checkpoints"
-        config.global_batch_size = LONG_BATCH  # one sequence per chip (global layers' T x T)
+        config.global_batch_size = LONG_BATCH  # the paper's: 9 sequences per chip
         config.num_train_steps = LONG_STEPS  # this phase's own schedule
         config.start_step = 0  # params only: the step count restarts
         config.optimizer.learning_rate = 3e-4  # the paper's context-extension peak rate
         config.optimizer.warmup_steps = 640  # as phase 1 (our choice)
-        # every layer recomputed: with splash, 204.0 ms/step (19.4% MFU, 2.7 GiB) against
-        # 225.6 ms keeping the weight matmuls' outputs (MaxText's "minimal"), which was the
-        # faster of the two under einsum attention (docs/tpu_modernbert.md)
+        # every layer recomputed: 9 per chip 1,032.9 ms/step (34.4% MFU, 12.7 GiB); keeping
+        # the output projection gained nothing (docs/tpu_modernbert_recipe.md)
         config.model.remat_policy = "full"
     return config

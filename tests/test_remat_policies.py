@@ -1,0 +1,132 @@
+"""Named remat policies (MaxText's names, `model.remat_policy`) and the tags they read.
+
+A policy changes what the backward pass keeps, never what it computes: each one's gradient
+equals the gradient with nothing recomputed. And each keeps what its name says: the residuals
+jax saves across a rematerialised layer are the tagged matmul outputs the policy names (those
+the backward pass reads), so a tag missing from a layer, or a policy saving the wrong names,
+shows here.
+"""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.ad_checkpoint import saved_residuals  # print_saved_residuals' list, unprinted
+
+from bert_jax.config import REMAT_POLICIES, BertConfig
+from bert_jax.model import REMAT_TAGS, BertModel
+
+LAYERS = 2
+# Pre-LN, GeGLU, a local and a global layer: ModernBERT's layer, CPU-sized.
+MODERN = BertConfig.from_preset(
+    "modernbert_tiny",
+    vocab_size=96,
+    hidden_size=32,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=32,
+    local_attention_window=4,
+    global_attention_every=2,
+)
+# Post-LN with biases: BERT's layer, where the output norm reads the feed-forward's output.
+BERT = BertConfig(
+    vocab_size=96,
+    hidden_size=32,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=32,
+)
+QKV = {"query_proj", "key_proj", "value_proj"}
+
+# What each named policy keeps of a layer in each model: the policy's tags that the
+# backward pass reads. A pre-LN layer's feed-forward output only joins the residual stream
+# (an add, whose backward needs no operand), so no policy keeps `mlpwo` there.
+KEPT = {
+    ("save_qkv_proj", "modern"): QKV,
+    ("save_out_proj", "modern"): {"out_proj"},
+    ("save_dot_except_mlp", "modern"): QKV | {"out_proj"},
+    ("save_dot_except_mlpwi", "modern"): QKV | {"out_proj"},
+    ("save_dot_except_mlpwi", "bert"): QKV | {"out_proj", "mlpwo"},
+}
+
+
+def _ids():
+    return jnp.asarray(np.random.default_rng(0).integers(1, 96, (2, 16)))
+
+
+@pytest.fixture(scope="module")
+def params():
+    """Each model's params, by its name in KEPT."""
+    configs = {"modern": MODERN, "bert": BERT}
+    return {
+        name: jax.jit(BertModel(config, add_pooling_layer=False).init)(jax.random.key(0), _ids())[
+            "params"
+        ]
+        for name, config in configs.items()
+    }
+
+
+def _loss(config, policy):
+    model = BertModel(config.replace(remat_policy=policy), add_pooling_layer=False)
+    ids = _ids()
+
+    def loss(params):
+        out = model.apply({"params": params}, ids).sequence_output  # (B, T, H)
+        return jnp.sum(jnp.sin(out))  # not linear in out: the backward reads activations
+
+    return loss
+
+
+def test_every_layer_tags_its_six_matmuls(params):
+    """The forward's jaxpr holds each tag once per layer (a tag is an identity: `name`)."""
+    jaxpr = jax.make_jaxpr(_loss(MODERN, "none"))(params["modern"])
+    names = collections.Counter(
+        e.params["name"] for e in jaxpr.jaxpr.eqns if e.primitive.name == "name"
+    )
+    assert names == {tag: LAYERS for tag in REMAT_TAGS}
+
+
+def test_named_policies_give_the_gradient_of_remat_none(params):
+    """`full` and every named policy: the same gradient as nothing recomputed."""
+    policies = ["full", *REMAT_POLICIES[REMAT_POLICIES.index("minimal") :]]
+    grads = jax.jit(lambda p: [jax.grad(_loss(MODERN, q))(p) for q in ["none", *policies]])(
+        params["modern"]
+    )
+    want = jax.tree.leaves(grads[0])
+    for policy, got in zip(policies, grads[1:], strict=True):
+        for x, y in zip(jax.tree.leaves(got), want, strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7, err_msg=policy)
+
+
+def _saved(config, policy, params):
+    """The tags of the residuals jax keeps across the layers, with how many of each."""
+    saved = saved_residuals(_loss(config, policy), params)
+    names = collections.Counter()
+    for _, where in saved:
+        for tag in REMAT_TAGS:
+            if f"named '{tag}'" in where:
+                names[tag] += 1
+    dots = sum("output of dot_general" in where for _, where in saved)
+    return names, dots
+
+
+@pytest.mark.parametrize("policy, model", sorted(KEPT))
+def test_a_named_policy_keeps_its_tagged_outputs(params, policy, model):
+    config = {"modern": MODERN, "bert": BERT}[model]
+    names, dots = _saved(config, policy, params[model])
+    assert names == {tag: LAYERS for tag in KEPT[policy, model]}
+    assert dots == 0  # no untagged matmul output kept: the rest is recomputed
+    full, _ = _saved(config, "full", params[model])
+    assert not full  # `full` keeps no tagged output
+
+
+def test_minimal_is_jaxs_dots_with_no_batch_dims_saveable(params):
+    """MaxText's `minimal` keeps every weight matmul's output the backward pass reads: five
+    per pre-LN layer (not the feed-forward's output: see KEPT), untagged by the policy."""
+    names, dots = _saved(MODERN, "minimal", params["modern"])
+    assert (names, dots) == ({}, 5 * LAYERS)
+    assert _saved(MODERN, "dots_with_no_batch_dims_saveable", params["modern"]) == (names, dots)
