@@ -136,6 +136,7 @@ class BertConfig:
     # dtype of the encoder's activations between matmuls: the residual stream, norm outputs
     # (statistics stay f32), GeGLU, rotary; the matmuls still accumulate, softmax runs in f32
     activation_dtype: str = "float32"
+    residual_dtype: str = "float32"  # the residual stream's dtype (x + branch, stream norms)
     scan_layers: bool = False  # stack the layers under one `nn.scan` (faster compiles)
     remat_policy: str = "none"  # rematerialisation of each layer, one of REMAT_POLICIES
     # How attention is computed, one of ATTENTION_IMPLEMENTATIONS. The fused ones
@@ -203,7 +204,7 @@ class BertConfig:
             )
         if self.layer_norm_eps <= 0:
             problems.append(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
-        for name in ("dtype", "param_dtype", "activation_dtype"):
+        for name in ("dtype", "param_dtype", "activation_dtype", "residual_dtype"):
             if getattr(self, name) not in _DTYPES:
                 problems.append(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
         if self.remat_policy not in REMAT_POLICIES:

@@ -91,6 +91,9 @@ PRETRAIN: dict[str, Bound] = {
     "model.activation_dtype": Model(
         "dtype of the activations between matmuls", "one of float32, bfloat16, float16", none=""
     ),
+    "model.residual_dtype": Model(
+        "dtype of the residual stream", "one of float32, bfloat16, float16", none=""
+    ),
     "model.scan_layers": Flag("nn.scan over the layers"),
     "model.remat_policy": Model("rematerialisation", _choices(REMAT_POLICIES), none=""),
     "model.attention_implementation": Model(

@@ -8,7 +8,9 @@ Every parameter and every block-boundary activation carries logical axis names
 (`batch length embed heads kv mlp vocab layers`); `bert_jax.sharding` maps them onto a
 device mesh. With `dtype="bfloat16"` matmul inputs are bf16 while every matmul
 accumulates in f32 and LayerNorm, softmax and the residual stream stay in f32 (bf16 too with
-`activation_dtype="bfloat16"`: the activations between matmuls; statistics stay f32).
+`activation_dtype="bfloat16"`: the activations between matmuls; statistics stay f32). The
+residual stream (embedding norm, every `x + branch`, post-LN's and the final norm's outputs)
+is in `residual_dtype`: f32 with bf16 activations keeps torch autocast's split.
 """
 
 from __future__ import annotations
@@ -232,7 +234,7 @@ class Embeddings(nn.Module):
             self.token_type_embeddings = embed(
                 cfg.type_vocab_size, embedding_init=weight_init(cfg, (None, "embed"))
             )
-        self.layer_norm = layer_norm(cfg, "layer_norm", cfg.activation_dtype)
+        self.layer_norm = layer_norm(cfg, "layer_norm", cfg.residual_dtype)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def __call__(self, input_ids, token_type_ids, deterministic: bool, position_ids=None):
@@ -376,13 +378,18 @@ class TransformerLayer(nn.Module):
         attend, local = inputs  # global layers' `AttentionInputs`, local ones' (or None)
         is_global = cfg.is_global_layer(index)
         attention = SelfAttention(cfg, self.deterministic, name="attention")
-        attention_norm = layer_norm(cfg, "attention_layer_norm", cfg.activation_dtype)
-        output_norm = layer_norm(cfg, "output_layer_norm", cfg.activation_dtype)
-        if cfg.norm_placement == "pre":
-            h = layers.select(index == 0, x, attention_norm(x))
-            x = x + drop(attention(h, attend, local, is_global))
+        # pre-LN's norms feed matmuls (activation_dtype); post-LN's outputs are the stream
+        pre = cfg.norm_placement == "pre"
+        norm_dtype = cfg.activation_dtype if pre else cfg.residual_dtype
+        attention_norm = layer_norm(cfg, "attention_layer_norm", norm_dtype)
+        output_norm = layer_norm(cfg, "output_layer_norm", norm_dtype)
+        stream = cfg.residual_dtype
+        if pre:
+            # an f32 stream + a bf16 branch stays f32 (torch autocast's residual stream)
+            h = layers.select(index == 0, x.astype(cfg.activation_dtype), attention_norm(x))
+            x = (x + drop(attention(h, attend, local, is_global))).astype(stream)
             x = constrain(x, ("batch", "length", "embed"))
-            x = x + drop(feed_forward(cfg, output_norm(x)))
+            x = (x + drop(feed_forward(cfg, output_norm(x)))).astype(stream)
         else:
             x = attention_norm(x + drop(attention(x, attend, local, is_global)))
             x = constrain(x, ("batch", "length", "embed"))
@@ -462,7 +469,7 @@ class Encoder(nn.Module):
                 if return_hidden:
                     hidden.append(x)
         if cfg.norm_placement == "pre":
-            final_norm = layer_norm(cfg, "final_layer_norm", cfg.activation_dtype)
+            final_norm = layer_norm(cfg, "final_layer_norm", cfg.residual_dtype)
             x = constrain(final_norm(x), ("batch", "length", "embed"))
         return x, hidden
 
@@ -556,7 +563,7 @@ class BertModel(nn.Module):
         """(B, T, E) embeddings -> (B, T, H) encoder input (the identity when E = H)."""
         if self.config.embedding_width == self.config.hidden_size:
             return embedded
-        x = self.embeddings_project(embedded)
+        x = self.embeddings_project(embedded).astype(self.config.residual_dtype)
         return constrain(x, ("batch", "length", "embed"))
 
     def word_table(self) -> jax.Array:

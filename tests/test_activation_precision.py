@@ -17,14 +17,22 @@ def test_a_run_is_the_demos_pretraining_at_the_precision(parse_demo_flags):
     assert "--config=experiments/configs/demo_arms.py:modern" in argv
     assert "--config.seed=1" in argv and "--config.num_train_steps=1000" in argv
     assert "--config.data.max_predictions_per_seq=20" in argv  # modern masks 30% of 64
-    assert argv[-2:] == [
+    assert argv[-3:] == [
         "--config.model.dtype=bfloat16",
         "--config.model.activation_dtype=bfloat16",
+        "--config.model.residual_dtype=bfloat16",
+    ]
+    autocast = ap.command("records", "vocab.txt", "out", "modern", "bf16_autocast", 0, steps=500)
+    assert autocast[-3:] == [
+        "--config.model.dtype=bfloat16",
+        "--config.model.activation_dtype=bfloat16",
+        "--config.model.residual_dtype=float32",
     ]
     baseline = ap.command("records", "vocab.txt", "out", "bert", "f32", 0, steps=500)
-    assert baseline[-2:] == [
+    assert baseline[-3:] == [
         "--config.model.dtype=float32",
         "--config.model.activation_dtype=float32",
+        "--config.model.residual_dtype=float32",
     ]
     assert "--config.optimizer.learning_rate=0.001" in baseline  # BERT's peak
     # The demo's own flags are left as they were.

@@ -32,6 +32,7 @@ _NOT_WRITTEN = (
     "dtype",
     "param_dtype",
     "activation_dtype",
+    "residual_dtype",
     "scan_layers",
     "remat_policy",
     "attention_implementation",

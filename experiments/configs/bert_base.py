@@ -66,7 +66,8 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.model.vocab_size = 30522  # Google's uncased English WordPiece vocab
     config.model.hidden_act = "gelu_tanh"  # the original code's GELU, as the paper's models
     config.model.dtype = "bfloat16"  # bf16 matmul inputs, f32 accumulation and master weights
-    config.model.activation_dtype = "float32"  # residual stream, norms, GeGLU, rotary (f32 stats)
+    config.model.activation_dtype = "float32"  # norms into matmuls, GeGLU, rotary (f32 stats)
+    config.model.residual_dtype = "float32"  # the residual stream: embedding norm, x + branch
     config.model.scan_layers = False  # nn.scan over layers (faster compiles when deep)
     config.model.remat_policy = "none"  # rematerialisation (bert_jax.config.REMAT_POLICIES)
     # "einsum" (written out), or jax.nn.dot_product_attention: "xla" / "cudnn"

@@ -47,7 +47,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.vocab_size = placeholder(int)  # None: the vocab file's size
     config.model.hidden_act = "gelu"  # exact GELU; "gelu_tanh" is the original code's form
     config.model.dtype = "float32"  # compute dtype; "bfloat16" uses bf16 matmul inputs
-    config.model.activation_dtype = "float32"  # residual stream, norms, GeGLU, rotary (f32 stats)
+    config.model.activation_dtype = "float32"  # norms into matmuls, GeGLU, rotary (f32 stats)
+    config.model.residual_dtype = "float32"  # the residual stream: embedding norm, x + branch
     config.model.scan_layers = False  # nn.scan over layers (faster compiles when deep)
     config.model.remat_policy = "none"  # rematerialisation (bert_jax.config.REMAT_POLICIES)
     # "einsum" (written out), or jax.nn.dot_product_attention: "xla" / "cudnn"
