@@ -317,7 +317,14 @@ class SelfAttention(nn.Module):
         context = constrain(context, ("batch", "length", "heads", "kv"))
         out_names = ("heads", "kv", "embed")
         output = dense(
-            cfg, cfg.hidden_size, out_names, "output", (-2, -1), cfg.linear_bias, True, "out_proj"
+            cfg,
+            cfg.hidden_size,
+            out_names,
+            "output",
+            (-2, -1),
+            bias=cfg.linear_bias,
+            activations=True,
+            tag="out_proj",
         )
         return output(context)
 
@@ -346,11 +353,20 @@ def feed_forward(config: BertConfig, x: jax.Array) -> jax.Array:
         if glu
         else (cfg.intermediate_size, ("embed", "mlp"))
     )
-    h = dense(cfg, features, names, "intermediate", -1, cfg.linear_bias, True, "mlpwi")(x)
+    wi = dense(
+        cfg, features, names, "intermediate", bias=cfg.linear_bias, activations=True, tag="mlpwi"
+    )
+    h = wi(x)
     h = constrain(h, ("batch", "length", *names[1:]))
     h = layers.gated(h, activation(cfg)) if glu else activation(cfg)(h)  # (B, T, F)
     output = dense(
-        cfg, cfg.hidden_size, ("mlp", "embed"), "output", -1, cfg.linear_bias, True, "mlpwo"
+        cfg,
+        cfg.hidden_size,
+        ("mlp", "embed"),
+        "output",
+        bias=cfg.linear_bias,
+        activations=True,
+        tag="mlpwo",
     )
     return output(h)
 
