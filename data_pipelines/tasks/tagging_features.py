@@ -1,7 +1,9 @@
 """Tagged words -> `[CLS] pieces [SEP]` arrays with each word's tag on its first piece.
 
-As in the BERT paper's NER setup, a word's label (and, at evaluation, its prediction) sits
-on its first WordPiece; the other pieces carry weight 0. Words that do not fit in
+Each word is tokenized as it reads in the sentence `" ".join(words)` (`Tokenizer.encode_words`:
+a byte-level BPE's words after the first carry the prefix space, 'Ġfox'), so its pieces are
+those transformers gives the sentence. As in the BERT paper's NER setup, a word's label
+(and, at evaluation, its prediction) sits on its first piece; the other pieces carry weight 0. Words that do not fit in
 `max_seq_length` are cut (the example is counted as truncated, the cut words are counted)
 and predicted "O" at evaluation, so every word of the input still gets a tag; words that
 tokenize to nothing (e.g. a lone control character) are counted and predicted "O" too.
@@ -63,7 +65,8 @@ def encode_tagged(
     weights = np.zeros((n, max_seq_length), np.float32)
     index = {t: i for i, t in enumerate(tags)}
     words = [w for e in examples for w in e.words]
-    pieces = tokenizer.encode_batch(words) if words else []
+    # Each word as it reads in its sentence: after a space, for byte-level BPE.
+    pieces = [p for e in examples for p in (tokenizer.encode_words(e.words) if e.words else [])]
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
     truncated = cut = empty = 0
     unknown = sum(1 for p in pieces if len(p) == 1 and p[0] == tokenizer.unk_id)
