@@ -113,6 +113,7 @@ def test_tagged_words_have_transformers_pieces(kind, tmp_path, prefix_space):
     examples = [TaggingExample(f"s{i}", tuple(w), ("O",) * len(w)) for i, w in
                 enumerate(SENTENCES)]  # fmt: skip
     features = encode_tagged(examples, ours, 64, ("O",))
+    assert (features.input_ids[features.input_mask == 0] == ref.pad_token_id).all()
     for row, words in enumerate(SENTENCES):
         n = int(features.input_mask[row].sum())
         ids = features.input_ids[row, :n].tolist()

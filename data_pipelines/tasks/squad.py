@@ -224,7 +224,7 @@ def read_tfds(split: str, *, version: str = "v1.1", data_dir: str | None = None,
 
 @dataclasses.dataclass
 class SquadFeatures:
-    input_ids: np.ndarray  # (F, T) int32
+    input_ids: np.ndarray  # (F, T) int32, padded with the tokenizer's pad id
     input_mask: np.ndarray  # (F, T) int32
     segment_ids: np.ndarray  # (F, T) int32: 0 for [CLS] question [SEP], 1 for the window
     start_positions: np.ndarray  # (F,) int32, 0 ([CLS]) when the window has no answer
@@ -350,7 +350,7 @@ def encode_squad(
             max_contexts.append(is_max)
 
     n = len(rows["ids"])
-    ids = np.zeros((n, max_seq_length), np.int32)
+    ids = np.full((n, max_seq_length), tokenizer.pad_id, np.int32)
     types = np.zeros_like(ids)
     mask = np.zeros_like(ids)
     for i, (row, row_types) in enumerate(zip(rows["ids"], rows["types"], strict=True)):
