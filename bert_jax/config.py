@@ -46,6 +46,8 @@ REMAT_POLICIES = (
     "save_dot_except_mlpwi",  # those and the feed-forward's output (post-LN only reads it)
     "save_qkv_proj",  # keep q, k and v only
     "save_out_proj",  # keep the attention output projection only
+    # ours: keep q, k, v as attention reads them (rotated, scaled; bf16 on the splash path)
+    "save_attend_qkv",
 )
 
 _DTYPES = ("float32", "bfloat16", "float16")

@@ -306,6 +306,13 @@ class SelfAttention(nn.Module):
         v = constrain(v, ("batch", "length", "heads", "kv"))
 
         q = q / math.sqrt(cfg.head_dim)
+        if cfg.attention_implementation == "splash":
+            # the kernels read q, k, v in the compute dtype (bert_jax.splash casts them): cast
+            # here, the same numbers, so that a policy keeping them keeps half an f32 copy
+            q, k, v = (y.astype(cfg.dtype) for y in (q, k, v))
+        # what attention reads (rotated, scaled): `save_attend_qkv` keeps these, so the
+        # backward pass recomputes neither the projections nor rotary (only the norm they read)
+        q, k, v = (checkpoint_name(y, tag) for y, tag in zip((q, k, v), ATTEND_TAGS, strict=True))
         if local is None or isinstance(is_global, bool):
             context = self._attend(q, k, v, inputs if local is None or is_global else local)
         else:
@@ -416,15 +423,18 @@ class TransformerLayer(nn.Module):
 
 # The names `Dense` gives the encoder layers' matmul outputs (MaxText's), for remat policies.
 QKV_TAGS = ("query_proj", "key_proj", "value_proj")
-REMAT_TAGS = (*QKV_TAGS, "out_proj", "mlpwi", "mlpwo")
+# q, k, v as attention reads them: after rotary and q's scaling (the splash path: bf16)
+ATTEND_TAGS = ("attend_query", "attend_key", "attend_value")
+REMAT_TAGS = (*QKV_TAGS, "out_proj", "mlpwi", "mlpwo", *ATTEND_TAGS)
 
-# MaxText's named policies (bert_jax.config.REMAT_POLICIES): the tagged outputs each keeps;
+# MaxText's named policies and ours (bert_jax.config.REMAT_POLICIES): the tagged outputs each keeps;
 # everything else in a layer is recomputed in the backward pass.
 SAVED_TAGS = {
     "save_dot_except_mlp": (*QKV_TAGS, "out_proj"),
     "save_dot_except_mlpwi": (*QKV_TAGS, "out_proj", "mlpwo"),
     "save_qkv_proj": QKV_TAGS,
     "save_out_proj": ("out_proj",),
+    "save_attend_qkv": ATTEND_TAGS,
 }
 
 

@@ -120,15 +120,53 @@ def kernel_kind(name: str) -> str | None:
     return None
 
 
+def _is_lane_slice(eqn, lane_wide: set) -> bool:
+    """Whether `eqn` is splash's `logsumexp[..., 0]`: lane 0 of a forward kernel's (A, T, 128)
+    logsumexp (`slice` to width 1 on the last axis, then a `squeeze`)."""
+    if eqn.primitive.name != "slice" or eqn.invars[0] not in lane_wide:
+        return False
+    shape = eqn.invars[0].aval.shape
+    return (
+        not any(eqn.params["start_indices"])
+        and tuple(eqn.params["limit_indices"]) == (*shape[:-1], 1)
+        and eqn.params["strides"] is None
+    )
+
+
+def _lane_reduced(eqn) -> list:
+    """`eqn` (`_is_lane_slice`) as a max over the lanes, kept (A, T, 1): the kernel writes the
+    same value to all 128 (its running max and sum are lane-broadcast), so the max is lane 0,
+    and XLA reads the array once, where for the slice it copied it whole to put T minor first
+    (0.9 GB a layer at 72 rows of 1,024 on a v4, docs/tpu_modernbert.md)."""
+    (x,), (out,) = eqn.invars, eqn.outvars
+    last = len(x.aval.shape) - 1
+    row = jax_core.Var(x.aval.update(shape=x.aval.shape[:-1]))
+    reduce = jax_core.new_jaxpr_eqn(
+        [x], [row], jax.lax.reduce_max_p, {"axes": (last,)}, set(), eqn.source_info, eqn.ctx
+    )
+    keep = {"shape": out.aval.shape, "broadcast_dimensions": tuple(range(last)), "sharding": None}
+    widen = jax_core.new_jaxpr_eqn(
+        [row], [out], jax.lax.broadcast_in_dim_p, keep, set(), eqn.source_info, eqn.ctx
+    )
+    return [reduce, widen]
+
+
 def _repriced_jaxpr(jaxpr, costs: dict[str, pl.CostEstimate]):
-    """`jaxpr` with each splash pallas_call carrying `costs[kind]`, nested jaxprs included."""
-    eqns = []
+    """`jaxpr` with each splash pallas_call carrying `costs[kind]`, nested jaxprs included,
+    and the forward's logsumexp read from its lanes by a max (`_lane_reduced`)."""
+    eqns, lane_wide = [], set()
     for eqn in jaxpr.eqns:
+        if _is_lane_slice(eqn, lane_wide):
+            eqns += _lane_reduced(eqn)
+            continue
         params = dict(eqn.params)
         if eqn.primitive.name == "pallas_call":
             kind = kernel_kind(str(params.get("name", "")))
             if kind is not None:
                 params["cost_estimate"] = costs[kind]
+            lse = eqn.outvars[-1]
+            if kind == "fwd" and lse.aval.ndim == 3 and lse.aval.shape[-1] == LANES:
+                lane_wide.add(lse)
         for key, value in params.items():
             if isinstance(value, jax_core.ClosedJaxpr):
                 params[key] = value.replace(jaxpr=_repriced_jaxpr(value.jaxpr, costs))

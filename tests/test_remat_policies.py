@@ -42,6 +42,7 @@ BERT = BertConfig(
     max_position_embeddings=32,
 )
 QKV = {"query_proj", "key_proj", "value_proj"}
+ATTEND = {"attend_query", "attend_key", "attend_value"}  # q, k, v as attention reads them
 
 # What each named policy keeps of a layer in each model: the policy's tags that the
 # backward pass reads. A pre-LN layer's feed-forward output only joins the residual stream
@@ -52,6 +53,8 @@ KEPT = {
     ("save_dot_except_mlp", "modern"): QKV | {"out_proj"},
     ("save_dot_except_mlpwi", "modern"): QKV | {"out_proj"},
     ("save_dot_except_mlpwi", "bert"): QKV | {"out_proj", "mlpwo"},
+    ("save_attend_qkv", "modern"): ATTEND,
+    ("save_attend_qkv", "bert"): ATTEND,
 }
 
 
@@ -83,7 +86,8 @@ def _loss(config, policy):
 
 
 def test_every_layer_tags_its_six_matmuls(params):
-    """The forward's jaxpr holds each tag once per layer (a tag is an identity: `name`)."""
+    """The forward's jaxpr holds each tag once per layer (a tag is an identity: `name`): the
+    six matmuls' outputs and the q, k, v attention reads."""
     jaxpr = jax.make_jaxpr(_loss(MODERN, "none"))(params["modern"])
     names = collections.Counter(
         e.params["name"] for e in jaxpr.jaxpr.eqns if e.primitive.name == "name"
@@ -135,3 +139,31 @@ def test_minimal_is_jaxs_dots_with_no_batch_dims_saveable(params):
     names, dots = _saved(MODERN, "minimal", params["modern"])
     assert (names, dots) == ({}, 5 * LAYERS)
     assert _saved(MODERN, "dots_with_no_batch_dims_saveable", params["modern"]) == (names, dots)
+
+
+def test_the_splash_path_keeps_q_k_v_in_the_compute_dtype():
+    """The splash kernels read q, k, v in the compute dtype, and `save_attend_qkv` keeps them
+    so: bf16 residuals, half the f32 arrays the same policy keeps on the einsum path."""
+    config = MODERN.replace(dtype="bfloat16", max_position_embeddings=128)
+    ids = jnp.asarray(np.random.default_rng(0).integers(1, 96, (1, 128)))
+    params = jax.jit(BertModel(config, add_pooling_layer=False).init)(jax.random.key(0), ids)
+
+    def kept(implementation):
+        model = BertModel(
+            config.replace(attention_implementation=implementation, remat_policy="save_attend_qkv"),
+            add_pooling_layer=False,
+        )
+
+        def loss(params):
+            return jnp.sum(jnp.sin(model.apply({"params": params}, ids).sequence_output))
+
+        saved = saved_residuals(loss, params["params"])
+        return sorted(
+            (tag, str(aval.dtype))
+            for aval, where in saved
+            for tag in ATTEND
+            if f"named '{tag}'" in where
+        )
+
+    assert kept("splash") == sorted((tag, "bfloat16") for tag in ATTEND for _ in range(LAYERS))
+    assert kept("einsum") == sorted((tag, "float32") for tag in ATTEND for _ in range(LAYERS))

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas.ops.tpu import splash_attention as splash_kernels
 
 from bert_jax import attention, layers, splash
 from bert_jax.config import BertConfig, ConfigError
@@ -271,6 +272,45 @@ def test_the_kernels_read_q_k_v_with_the_sequence_minor():
 
     walk(jax.make_jaxpr(jax.grad(loss))(q).jaxpr)
     assert seq_minor == {"fwd": 3, "dq": 3, "dkv": 3}
+
+
+def test_the_forward_reads_its_logsumexp_lanes_by_a_max():
+    """splash's forward writes its logsumexp (A, T, 128), one value in all 128 lanes, and keeps
+    lane 0 by a slice, for which a TPU copies the whole array; `priced` takes the lanes' max
+    instead. The gradients equal those through splash's own slice bit for bit, and the traced
+    gradient slices no lane-wide array."""
+    ids, _, _ = _rows(LENGTHS)
+    window = splash.Window(50, 50)
+    kernel = splash._kernel(T, 2, window, 128, 128, interpret=True)
+    costs = splash.kernel_costs(T, 2, 16, 128, 128, window, 4)
+    rng = np.random.default_rng(2)
+    q, k, v, g = (jnp.asarray(rng.normal(size=(2, T, 16)), jnp.float32) for _ in range(4))
+    row = jnp.asarray(ids[1])  # the packed row
+
+    def own(q, k, v):
+        return kernel(q, k, v, segment_ids=splash_kernels.SegmentIds(row, row))
+
+    def ours(q, k, v):
+        return splash.priced(costs)(kernel, q, k, v, row, row)
+
+    want, got = (jax.vjp(f, q, k, v)[1](g) for f in (own, ours))
+    for x, y in zip(got, want, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+    seen = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in ("slice", "reduce_max"):
+                seen.append((eqn.primitive.name, eqn.invars[0].aval.shape[-1]))
+            for value in eqn.params.values():
+                inner = getattr(value, "jaxpr", value)
+                if hasattr(inner, "eqns"):
+                    walk(inner)
+
+    walk(jax.make_jaxpr(jax.grad(lambda q: ours(q, k, v).sum()))(q).jaxpr)
+    assert ("reduce_max", splash.LANES) in seen
+    assert ("slice", splash.LANES) not in seen
 
 
 @pytest.mark.extended
