@@ -309,6 +309,14 @@ class HFTokenizer(Tokenizer):
             )
         return ids, starts
 
+    def pieces_text(self, pieces: Sequence[str]) -> str:
+        """The text the pieces spell, by the tokenizer's own decoder (byte-level BPE's 'Ġ'
+        is a space, its bytes become characters again; WordPiece joins '##'); no decoder:
+        the pieces joined by spaces."""
+        decoder = self._rust.decoder
+        text = decoder.decode(list(pieces)) if decoder is not None else " ".join(pieces)
+        return " ".join(text.split())
+
     def is_continuation(self, token: str) -> bool:
         """Always False: a token alone does not say; word starts come from
         `encode_batch_with_word_starts`."""

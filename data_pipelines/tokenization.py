@@ -292,6 +292,10 @@ class SentencePieceTokenizer(Tokenizer):
         """Many texts -> ids, on sentencepiece's thread pool."""
         return self._sp.encode([self._prepare(t) for t in texts], out_type=int)
 
+    def pieces_text(self, pieces: Sequence[str]) -> str:
+        """The text the pieces spell: each '▁' is the space before a word."""
+        return " ".join("".join(pieces).replace(_WORD_START, " ").split())
+
     def is_continuation(self, token: str) -> bool:
         """True for a piece inside a word: it does not start with '▁' and is not special."""
         return not token.startswith(_WORD_START) and self.vocab.get(token) not in self.special_ids

@@ -84,6 +84,11 @@ def check_id(token_id: int, vocab_size: int) -> int:
     return token_id
 
 
+def wordpiece_text(pieces: Sequence[str]) -> str:
+    """WordPiece's pieces as text: each '##' piece joined to the one before (the original's)."""
+    return " ".join(" ".join(pieces).replace(" ##", "").replace("##", "").split())
+
+
 class Tokenizer:
     """What all tokenizers share: the id <-> token maps and the special ids.
 
@@ -150,6 +155,11 @@ class Tokenizer:
         """
         del after_space
         return self.encode_batch(words)
+
+    def pieces_text(self, pieces: Sequence[str]) -> str:
+        """The text a run of this tokenizer's pieces spells, spaces between words (a SQuAD
+        answer from its pieces): WordPiece's rule (`wordpiece_text`)."""
+        return wordpiece_text(pieces)
 
     @functools.cached_property
     def replacement_ids(self) -> np.ndarray:

@@ -154,6 +154,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
             max_answer_length=config.max_answer_length, do_lower_case=config.do_lower_case,
             version_2_with_negative=version_2,
             null_score_diff_threshold=config.null_score_diff_threshold,
+            pieces_text=tokenizer.pieces_text,
         )  # fmt: skip
         scores = scoring.squad_scores(
             gold, predictions.answers, version="2.0" if version_2 else "1.1",

@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 from data_pipelines.tasks.formats import TaggingExample
 from data_pipelines.tasks.squad import encode_squad, parse_articles
+from data_pipelines.tasks.squad_predictions import postprocess
 from data_pipelines.tasks.tagging_features import encode_tagged
 from data_pipelines.tokenization import load_tokenizer
 from tests.test_hf_tokenizer import _modern_bpe, _roberta_bpe, _unigram
@@ -133,3 +135,33 @@ def test_tagged_words_have_transformers_pieces(kind, tmp_path, prefix_space):
             pieces = ours.convert_ids_to_tokens(ids)
             assert pieces[1] == words[0] or not pieces[1].startswith("Ġ")  # first: no space
             assert pieces[features.word_positions[row][1]].startswith("Ġ")
+
+
+def test_a_predicted_span_reads_as_the_pieces_spell_it(kind):
+    """A span's answer text is what its pieces spell by the tokenizer's own decoder, also
+    when it ends inside a word ('Unbeliev' of 'Unbelievably'): WordPiece's '##' rule alone
+    turned a BPE span into the whole words it touches."""
+    name, _, ours, ref = kind
+    examples = _squad(CONTEXT, ANSWERS[:1])
+    features = encode_squad(examples, ours, max_seq_length=128, is_training=False)
+    tokens = features.tokens[0]
+    context = [p for p in features.token_to_word[0]]
+    # Every span of one to four context pieces: the pieces' text, as transformers spells them.
+    for s in context:
+        for e in range(s, min(s + 4, context[-1] + 1)):
+            expected = " ".join(ref.convert_tokens_to_string(tokens[s : e + 1]).split())
+            assert ours.pieces_text(tokens[s : e + 1]) == expected, (name, tokens[s : e + 1])
+    # And postprocess answers with it: a span that ends inside a word of several pieces.
+    word = CONTEXT.split().index("Unbelievably,")
+    pieces = [p for p in context if features.token_to_word[0][p] == word]
+    assert len(pieces) > 2, (name, [tokens[p] for p in pieces])
+    starts = np.full((1, 128), -10.0, np.float32)
+    ends = np.full((1, 128), -10.0, np.float32)
+    starts[0, pieces[0]], ends[0, pieces[1]] = 10.0, 10.0
+    predictions = postprocess(
+        examples, features, starts, ends, n_best_size=2, max_answer_length=8,
+        do_lower_case=False, pieces_text=ours.pieces_text,
+    )  # fmt: skip
+    spelled = ours.pieces_text([tokens[pieces[0]], tokens[pieces[1]]])
+    assert predictions.answers[examples[0].qas_id] == spelled
+    assert "Unbelievably".startswith(spelled) and spelled != "Unbelievably", (name, spelled)

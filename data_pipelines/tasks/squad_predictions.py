@@ -22,11 +22,12 @@ import collections
 import dataclasses
 import math
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from data_pipelines.tasks.squad import SquadExample, SquadFeatures
+from data_pipelines.tokenizer_base import wordpiece_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +86,9 @@ def _softmax(scores: Sequence[float]) -> list[float]:
     return [e / total for e in exps]
 
 
-def _span_text(example, features, f, s, e, do_lower_case) -> str:
+def _span_text(example, features, f, s, e, do_lower_case, pieces_text) -> str:
     """The context text of pieces s..e of window f."""
-    pieces = features.tokens[f][s : e + 1]
-    pred_text = " ".join(pieces).replace(" ##", "").replace("##", "").strip()
-    pred_text = " ".join(pred_text.split())
+    pred_text = pieces_text(features.tokens[f][s : e + 1])
     first, last = features.token_to_word[f][s], features.token_to_word[f][e]
     orig_text = " ".join(example.doc_words[first : last + 1])
     return project_to_context(pred_text, orig_text, do_lower_case)
@@ -106,8 +105,11 @@ def postprocess(
     do_lower_case: bool = True,
     version_2_with_negative: bool = False,
     null_score_diff_threshold: float = 0.0,
+    pieces_text: Callable[[Sequence[str]], str] = wordpiece_text,
 ) -> SquadPredictions:
-    """Answers for every example (see the module docstring)."""
+    """Answers for every example (see the module docstring). `pieces_text` spells a span's
+    pieces as text (`Tokenizer.pieces_text`: the tokenizer's own decoder); the default is
+    WordPiece's '##' rule."""
     by_example = collections.defaultdict(list)
     for f, example_index in enumerate(features.example_index):
         by_example[int(example_index)].append(f)
@@ -137,7 +139,9 @@ def postprocess(
         for _, f, s, e in spans:
             if len(candidates) >= n_best_size:
                 break
-            text = "" if s == 0 else _span_text(example, features, f, s, e, do_lower_case)
+            text = (
+                "" if s == 0 else _span_text(example, features, f, s, e, do_lower_case, pieces_text)
+            )
             if text in seen:
                 continue
             seen.add(text)
