@@ -474,7 +474,7 @@ def _demo_rules(values, devices, processes) -> Iterator[str]:
 # --- the documentation -------------------------------------------------------------------------
 
 _TITLES = {
-    "pretrain": "Pretraining configs (`experiments.pretrain`)",
+    "pretrain": "Pretraining configs (`experiments.pretrain`, `aot_compile`, `tpu_slice`)",
     "finetune": "Fine-tuning configs (`finetune_*`, `distill_*`, `feature_based_*`)",
     "demo": "`experiments.demo`'s flags",
 }

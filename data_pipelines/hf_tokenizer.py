@@ -277,6 +277,24 @@ class HFTokenizer(Tokenizer):
         """Many texts -> ids, without special tokens, in parallel in Rust."""
         return [e.ids for e in self._encode(texts, fast=True)]
 
+    def encode_words(self, words: Sequence[str], after_space: bool = False) -> list[list[int]]:
+        """Each word's ids as the word tokenizes inside the text `" ".join(words)`
+        (preceded by a space when `after_space`).
+
+        A word after a space is encoded with the space in front of it: byte-level BPE's
+        pieces mark it ('Ġfox', where 'fox' alone gives 'fox'), Metaspace's too whatever
+        its prepend_scheme, and pre-tokenizers that drop spaces (BERT's, Whitespace) give
+        the bare word's pieces either way. The first word is encoded as a text begins:
+        with the prefix space only where the tokenizer adds one to every text
+        (tokenizer_config.json's `add_prefix_space`). So the pieces are those of
+        transformers' encoding of the joined text and, where `add_prefix_space` is set,
+        of its `is_split_into_words=True`; RoBERTa's SQuAD preprocessing gives each
+        word its prefix space the same way.
+        """
+        return self.encode_batch(
+            [w if i == 0 and not after_space else " " + w for i, w in enumerate(words)]
+        )
+
     def encode_batch_with_word_starts(
         self, texts: Sequence[str]
     ) -> tuple[list[list[int]], list[list[int]]]:

@@ -139,6 +139,18 @@ class Tokenizer:
     def mask_id(self) -> int:
         return self.vocab[MASK_TOKEN]
 
+    def encode_words(self, words: Sequence[str], after_space: bool = False) -> list[list[int]]:
+        """Each word's ids (no special tokens) as the word tokenizes inside the text
+        `" ".join(words)`, preceded by a space when `after_space` (an answer inside its
+        context); for word-level tasks (SQuAD's whitespace words, a tagger's words).
+
+        WordPiece splits a text at spaces before anything else, and sentencepiece's dummy
+        prefix '▁' stands for the space before every word, so a word alone gives the
+        pieces it has in the text: this is `encode_batch(words)`.
+        """
+        del after_space
+        return self.encode_batch(words)
+
     @functools.cached_property
     def replacement_ids(self) -> np.ndarray:
         """(R,) int32, ascending: the ids masking's 10% random replacement draws from.

@@ -32,6 +32,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bert_jax import config_bounds
 from data_pipelines import cli
 from experiments.tpu_slice import accelerator_type, topology_chips, topology_generation
 
@@ -521,6 +522,8 @@ def run(
 def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    # Every key in its range (as experiments.pretrain checks it), before minutes of compile.
+    config_bounds.check_or_exit(flags.FLAGS.config, "pretrain", "aot_compile")
     try:
         import libtpu  # noqa: F401
     except ImportError:

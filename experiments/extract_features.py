@@ -91,11 +91,14 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
     return layers
 
 
-def _batches(features: Sequence[Feature], batch_size: int, seq_length: int) -> Iterator[tuple]:
-    """(features, ids, mask, type_ids); the last batch is padded with empty rows."""
+def _batches(
+    features: Sequence[Feature], batch_size: int, seq_length: int, pad_id: int
+) -> Iterator[tuple]:
+    """(features, ids, mask, type_ids), padded with `pad_id` (masked, but the pad token:
+    RoBERTa's id 0 is <s>); the last batch is filled up with empty rows."""
     for start in range(0, len(features), batch_size):
         chunk = features[start : start + batch_size]
-        ids = np.zeros((batch_size, seq_length), np.int32)
+        ids = np.full((batch_size, seq_length), pad_id, np.int32)
         types = np.zeros_like(ids)
         mask = np.zeros_like(ids)
         for row, feature in enumerate(chunk):
@@ -116,8 +119,10 @@ def extract(
     *,
     batch_size: int,
     seq_length: int,
+    pad_id: int,
 ) -> Iterator[tuple[Feature, np.ndarray]]:
-    """Yields (feature, (len(layers), tokens, H) float32 array) in input order."""
+    """Yields (feature, (len(layers), tokens, H) float32 array) in input order; batches
+    are padded with `pad_id` (the tokenizer's)."""
     import jax
     from tqdm import tqdm
 
@@ -133,9 +138,8 @@ def extract(
         return jax.numpy.stack([encoder_layers[i] for i in layers])  # (K, B, T, H)
 
     total = -(-len(features) // batch_size)
-    for chunk, ids, mask, types in tqdm(
-        _batches(features, batch_size, seq_length), total=total, unit="batch", desc="features"
-    ):
+    batches = _batches(features, batch_size, seq_length, pad_id)
+    for chunk, ids, mask, types in tqdm(batches, total=total, unit="batch", desc="features"):
         outputs = np.asarray(forward(params, ids, mask, types))
         for row, feature in enumerate(chunk):
             yield feature, outputs[:, row, : len(feature.tokens)]
@@ -205,9 +209,8 @@ def run(
     examples = read_examples(input_file)
     features = convert_examples(examples, tokenizer, max_seq_length)
     log.info("%d examples from %s; %s", len(features), input_file, tokenizer)
-    outputs = extract(
-        features, config, params, layer_indexes, batch_size=batch_size, seq_length=max_seq_length
-    )
+    outputs = extract(features, config, params, layer_indexes, batch_size=batch_size,
+                      seq_length=max_seq_length, pad_id=tokenizer.pad_id)  # fmt: skip
     write_lines(output_file, (to_json(f, v, layer_indexes) for f, v in outputs))
     log.info("Wrote %d lines to %s", len(features), output_file)
     return len(features)

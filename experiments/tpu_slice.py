@@ -31,6 +31,7 @@ import sys
 
 from absl import app, flags
 
+from bert_jax import config_bounds
 from bert_jax.config import BertConfig, objective
 from bert_jax.mesh_shape import MESH_AXES, resolve_mesh_shape
 from data_pipelines import cli
@@ -176,6 +177,7 @@ def main(argv, config_flag, accelerator_type_flag) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config_name = flags.FLAGS[config_flag.name].config_filename
+    config_bounds.check_or_exit(config_flag.value, "pretrain", "tpu_slice")
     try:
         print(resolve(config_flag.value, config_name, accelerator_type_flag.value))
     except ValueError as e:

@@ -397,6 +397,19 @@ def test_the_tools_refuse_in_one_line(tmp_path, module, config, flag, expected):
     assert "Traceback" not in result.stderr and not workdir.exists()
 
 
+# The compile-only tools check the same table before their minutes of compile (no libtpu
+# needed for the refusal: it comes first).
+@pytest.mark.parametrize("module", ["experiments.aot_compile", "experiments.tpu_slice"])
+def test_the_tpu_checks_refuse_a_key_out_of_range_in_one_line(module):
+    config = "--config=experiments/configs/bert_base_paper.py:phase1"
+    result = _run(module, config, "--config.num_train_steps=0")
+    assert result.returncode == 1
+    tool = module.split(".")[1]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"{tool}: --config.num_train_steps=0 is outside its range")
+    assert "Traceback" not in result.stderr
+
+
 def test_a_config_the_runs_parts_refuse_is_one_line_too(tmp_path, synthetic_data):
     # The objective's keys are checked where the objective is built (bert_jax.train).
     workdir = tmp_path / "run"

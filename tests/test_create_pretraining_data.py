@@ -150,6 +150,7 @@ def peoples_daily(tmp_path_factory):
     return text, vocab
 
 
+@pytest.mark.extended  # a 4,000-piece vocabulary and two corpora of records: 22 s; CI runs it
 def test_chinese_whole_word_masking_follows_the_segmentation(peoples_daily, tmp_path):
     text, vocab = peoples_daily
     common = dict(

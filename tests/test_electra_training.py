@@ -196,6 +196,10 @@ def test_the_aot_check_compiles_the_electra_step(tmp_path):
 # --- training -------------------------------------------------------------------------------
 
 
+# The three tests on the uninterrupted run are in the extended tier (CI runs them): the run
+# and its compile cost ~46 s of make test's budget. make test keeps ELECTRA's numerics
+# (tests/test_electra.py: logits and losses against transformers) and the checks above.
+@pytest.mark.extended
 def test_a_sharded_run_logs_the_electra_metrics(straight):
     records = [json.loads(x) for x in (straight / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if r["split"] == "train"]
@@ -212,8 +216,8 @@ def test_a_sharded_run_logs_the_electra_metrics(straight):
 
 @pytest.mark.extended  # two more ELECTRA runs, each with its compile
 def test_a_resumed_run_repeats_the_uninterrupted_one_bit_for_bit(tmp_path, data_dir, straight):
-    """Extended tier. make test still covers its path: the in-process resume with keys from
-    (seed, step) in test_resume's test_each_prng_impl_resumes_bit_for_bit[unsafe_rbg], and
+    """Extended tier, beside the in-process resume with keys from (seed, step) in
+    test_resume's test_each_prng_impl_resumes_bit_for_bit[unsafe_rbg]; make test keeps
     ELECTRA's sampled replacements from the step key in test_electra's tests."""
     # Steps 1-2, a checkpoint, then a new call (new keys from the seed) restores and runs 3-4:
     # the generator's samples come from (seed, step) as the dropout masks do.
@@ -234,6 +238,7 @@ def test_a_resumed_run_repeats_the_uninterrupted_one_bit_for_bit(tmp_path, data_
 # --- export and fine-tuning -----------------------------------------------------------------
 
 
+@pytest.mark.extended  # on the uninterrupted run (above)
 def test_a_workdir_exports_to_transformers_electra_models(straight, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -280,6 +285,7 @@ def test_a_workdir_exports_to_transformers_electra_models(straight, tmp_path):
     np.testing.assert_allclose(at_masks, np.asarray(ours.mlm_logits), atol=1e-5)
 
 
+@pytest.mark.extended  # on the uninterrupted run (above)
 def test_a_workdir_fine_tunes_its_discriminator(straight, tmp_path):
     from experiments import finetune_classification as ftc
     from experiments.configs import finetune_glue

@@ -257,6 +257,28 @@ def test_a_vocab_larger_than_the_model_is_refused_before_any_output(tiny_hf, tmp
     assert len(values) == 16 and np.isfinite(values).all()
 
 
+def test_padding_is_the_pad_id_and_changes_no_feature(tiny_hf):
+    """Batches are padded with the id given (the tokenizer's pad id); as every padded
+    position is masked, the features are those of 0-padding."""
+    from bert_jax import convert
+    from bert_jax.config import BertConfig
+    from bert_jax.model import BertModel
+    from data_pipelines.tokenization import load_tokenizer
+
+    config, params, vocab = convert.load_pretrained(
+        str(tiny_hf), model=BertModel(BertConfig(), add_pooling_layer=False)
+    )
+    examples = [ef.Example(0, "w1 w2 w3", "w4"), ef.Example(1, "w5", None)]
+    features = ef.convert_examples(examples, load_tokenizer(vocab), seq_length=8)
+    ((_, ids, mask, _),) = ef._batches(features, 3, 8, pad_id=7)  # 1 empty row, padded rows
+    assert (ids[mask == 0] == 7).all() and ids[2].tolist() == [7] * 8
+    outputs = {pad: [v for _, v in ef.extract(features, config, params, [-1, 0], batch_size=3,
+                                              seq_length=8, pad_id=pad)]
+               for pad in (0, 7)}  # fmt: skip
+    for zero_padded, pad_padded in zip(outputs[0], outputs[7], strict=True):
+        np.testing.assert_allclose(pad_padded, zero_padded, rtol=0, atol=1e-6)
+
+
 def _tiny_modernbert_dir(directory: Path) -> Path:
     """A transformers ModernBertModel (random weights, 3 layers: global, local, global) with
     our byte-level BPE tokenizer.json, as a published ModernBERT directory is laid out."""

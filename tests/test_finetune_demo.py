@@ -115,6 +115,7 @@ def test_report_table_json_and_png(tmp_path, parse_demo_flags):
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.extended  # fits the tagger on two subsets: 17 s of make test's budget; CI runs it
 def test_the_linear_tagger_fits_in_the_background_on_the_demos_subsets(tmp_path, parse_demo_flags):
     from benchmarks.ner_linear_reference import linear_reference
 

@@ -92,6 +92,7 @@ def test_the_real_reviews(real_data):
     assert len(imdb.read_reviews(real_data, sources=("rotten_tomatoes",))) == 8_530
 
 
+@pytest.mark.extended  # scans all 25,000 reviews: 15 s of make test's budget; CI runs it
 def test_no_polarity_dev_or_test_sentence_is_in_the_corpus(real_data):
     """The reason the Rotten-Tomatoes rows are left out, and proof that nothing else leaks.
 

@@ -74,6 +74,18 @@ def _row(features, *index) -> tuple[list[int], list[int]]:
     return features.input_ids[index][:n].tolist(), features.segment_ids[index][:n].tolist()
 
 
+def _padded_with(features, pad_id) -> bool:
+    """Every masked position holds `pad_id` (RoBERTa's <pad> is 1; its 0 is <s>)."""
+    return bool((features.input_ids[features.input_mask == 0] == pad_id).all())
+
+
+def test_the_pad_ids_are_the_tokenizers_own(kind):
+    """What the padding checks below rest on: RoBERTa's pad id is not BERT's 0."""
+    name, ours, ref = kind
+    assert ours.pad_id == ref.pad_token_id
+    assert (ours.pad_id != 0) == (name == "roberta_bpe")
+
+
 def test_the_layouts_are_each_tokenizer_s_own(kind):
     name, ours, _ = kind
     a, b = ours.encode("the fox"), ours.encode("a dog")
@@ -98,7 +110,7 @@ def test_classification_pairs_and_singles_equal_transformers(kind, max_length):
         assert _row(features, row) == expected, (example, max_length)
         untruncated = _expected(ref, example.text_a, example.text_b, None)[0]
         cut += len(untruncated) > max_length
-        assert features.input_ids[row, len(expected[0]) :].tolist() == [0] * (
+        assert features.input_ids[row, len(expected[0]) :].tolist() == [ours.pad_id] * (
             max_length - len(expected[0])
         )
     assert features.num_truncated == cut
@@ -115,6 +127,7 @@ def test_multiple_choice_and_extracted_features_equal_transformers(kind, max_len
         for choice, ending in enumerate(endings):
             expected = _expected(ref, context, ending, max_length)
             assert _row(features, row, choice) == expected, (context, ending, max_length)
+    assert _padded_with(features, ours.pad_id)
 
     lines = [ef.Example(i, a, b) for i, (a, b) in enumerate(PAIRS)]
     lines += [ef.Example(len(lines) + i, a, None) for i, a in enumerate(SINGLES)]
@@ -122,6 +135,12 @@ def test_multiple_choice_and_extracted_features_equal_transformers(kind, max_len
         ids, type_ids = _expected(ref, line.text_a, line.text_b, max_length)
         assert (feature.input_ids, feature.input_type_ids) == (ids, type_ids), line
         assert feature.tokens == ref.convert_ids_to_tokens(ids)
+    features = ef.convert_examples(lines, ours, max_length)
+    for chunk, ids, mask, types in ef._batches(features, 4, max_length, ours.pad_id):
+        assert (ids[mask == 0] == ours.pad_id).all() and (types[mask == 0] == 0).all()
+        for row, feature in enumerate(chunk):
+            n = len(feature.input_ids)
+            assert ids[row, :n].tolist() == feature.input_ids and mask[row, :n].all()
 
 
 def test_squad_windows_are_the_tokenizer_s_pairs_and_answers_point_into_them(kind):
@@ -135,7 +154,7 @@ def test_squad_windows_are_the_tokenizer_s_pairs_and_answers_point_into_them(kin
     )  # fmt: skip
     features = encode_squad([example], ours, max_seq_length=32, is_training=True)
     ids, type_ids = _expected(ref, question, context, 32)
-    assert _row(features, 0) == (ids, type_ids)
+    assert _row(features, 0) == (ids, type_ids) and _padded_with(features, ours.pad_id)
     pieces = ours.encode(context)
     assert len(pieces) > 1  # a word of several pieces: the span is not trivially one token
     start, end = int(features.start_positions[0]), int(features.end_positions[0])

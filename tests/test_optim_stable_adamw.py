@@ -164,3 +164,37 @@ def test_wsd_one_minus_sqrt_decay_and_the_constant_schedule():
         [float(constant(s)) for s in (0, 5, 10, 99, 10**6)], [0, PEAK / 2, PEAK, PEAK, PEAK],
         rtol=1e-6,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "module, phase",
+    [
+        ("modernbert_base", None),
+        ("modernbert_base_tpu", "phase1"),
+        ("modernbert_base_tpu", "phase2"),
+        ("modernbert_base_recipe_tpu", "phase1"),
+    ],
+)
+def test_modernbert_configs_decay_a_weight_by_the_papers_fraction_at_the_peak(module, phase):
+    """The paper's weight decay shrinks a weight by 1e-5 of itself per step at the peak rate
+    and in proportion to the rate elsewhere (ModernBERT's fully decoupled decay), whatever
+    the peak. With a zero gradient Adam's step is 0, so an update is the decay alone."""
+    import importlib
+
+    configs = importlib.import_module(f"experiments.configs.{module}")
+    config = configs.get_config(phase) if phase else configs.get_config()
+    opt_config = config.optimizer
+    total = 10 * opt_config.warmup_steps + 10
+    tx = optim.make_optimizer(opt_config, total)
+    rate = optim.learning_rate_schedule(opt_config, total)
+    params = {"kernel": jnp.full((4, 4), 2.0, jnp.float32)}
+    state = tx.init(params)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    count = opt_config.warmup_steps  # the end of warmup
+    for _ in range(count):
+        _, state = tx.update(zeros, state, params)
+    updates, _ = tx.update(zeros, state, params)
+    shrink = -float(updates["kernel"][0, 0]) / 2.0
+    expected = 1e-5 * float(rate(count)) / opt_config.learning_rate
+    assert float(rate(count)) > 0.5 * opt_config.learning_rate  # near the peak
+    np.testing.assert_allclose(shrink, expected, rtol=1e-3)

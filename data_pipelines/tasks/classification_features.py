@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class SentenceFeatures:
-    input_ids: np.ndarray  # (N, T) int32, 0-padded
+    input_ids: np.ndarray  # (N, T) int32, padded with the tokenizer's pad id
     input_mask: np.ndarray  # (N, T) int32, 1 on real tokens
     segment_ids: np.ndarray  # (N, T) int32, the tokenizer's token types (BERT: 0 on A, 1 on B)
     labels: np.ndarray | None  # (N,) int32 class ids or float32 targets; None if unlabeled
@@ -71,7 +71,7 @@ def encode_sentences(
         raise ValueError(f"keep_tail must be in [0, max_seq_length - {max_seq_length - room} "
                          f"= {room}), got {keep_tail}")  # fmt: skip
     n = len(examples)
-    ids = np.zeros((n, max_seq_length), np.int32)
+    ids = np.full((n, max_seq_length), tokenizer.pad_id, np.int32)  # RoBERTa's id 0 is <s>
     mask = np.zeros_like(ids)
     segments = np.zeros_like(ids)
     inputs = tokenizer.encode_for_model_batch(

@@ -58,7 +58,7 @@ class MultipleChoiceTask:
 
 @dataclasses.dataclass
 class ChoiceFeatures:
-    input_ids: np.ndarray  # (N, K, T) int32, 0-padded
+    input_ids: np.ndarray  # (N, K, T) int32, padded with the tokenizer's pad id
     input_mask: np.ndarray  # (N, K, T) int32
     segment_ids: np.ndarray  # (N, K, T) int32
     labels: np.ndarray  # (N,) int32 index of the correct choice
@@ -128,7 +128,7 @@ def encode_choices(
     for example in examples:
         if len(example.endings) != k:
             raise TaskDataError(f"{name}: example {example.guid} has not {k} choices")
-    ids = np.zeros((n, k, max_seq_length), np.int32)
+    ids = np.full((n, k, max_seq_length), tokenizer.pad_id, np.int32)
     mask, segments = np.zeros_like(ids), np.zeros_like(ids)
     inputs = tokenizer.encode_for_model_batch(
         [e.context for e in examples for _ in e.endings],

@@ -9,6 +9,12 @@ context nearest to `answer_start`, as when an offset is one character off; eithe
 question and counts them, and nothing is changed silently). A training question must have
 exactly one answer unless it is marked `is_impossible` (v2.0).
 
+Each document word is tokenized as it reads in the context (`Tokenizer.encode_words`: a
+byte-level BPE's words after the first carry the prefix space, 'Ġfox', as in RoBERTa's SQuAD
+preprocessing), so a window's pieces are transformers' pieces of the context's text where
+its words are single-spaced (a run of spaces or a line break between words is read as one
+space, as the original's whitespace split reads it).
+
 Features (the original `run_squad.py` recipe): `[CLS] question [SEP] window [SEP]` (the
 pair as the tokenizer lays it out: a tokenizer.json's own post-processor, e.g. RoBERTa's
 `<s> question </s></s> window </s>`) with the question cut to `max_query_length` pieces and
@@ -48,6 +54,8 @@ class SquadExample:
     end_word: int
     is_impossible: bool  # v2.0: the context does not answer the question
     gold_answers: tuple[str, ...]  # every answer text (what predictions are scored against)
+    # Character offset of `answer_text` in `context`; -1: at the start of its first word.
+    answer_start: int = -1
 
 
 def split_words(context: str) -> tuple[list[str], list[int], list[int]]:
@@ -177,17 +185,17 @@ def _example(qa, qas_id, context, words, starts, char_to_word, where, is_trainin
         raise TaskDataError(
             f"{where}: a training question needs exactly one answer, it has {len(answers)}"
         )
-    answer_text, start_word, end_word = None, -1, -1
+    answer_text, start_word, end_word, answer_start = None, -1, -1, -1
     if answers and not is_impossible:
         text, start = answers[0]["text"], answers[0]["answer_start"]
         if not text.strip():
             raise TaskDataError(f"{where}: the answer is empty")
-        answer_text = text
+        answer_text, answer_start = text, start
         start_word = char_to_word[start]
         end_word = char_to_word[start + len(text) - 1]
     return SquadExample(
         qas_id, question, context, tuple(words), tuple(starts), answer_text, start_word,
-        end_word, is_impossible, tuple(a["text"] for a in answers),
+        end_word, is_impossible, tuple(a["text"] for a in answers), answer_start,
     )  # fmt: skip
 
 
@@ -216,7 +224,7 @@ def read_tfds(split: str, *, version: str = "v1.1", data_dir: str | None = None,
 
 @dataclasses.dataclass
 class SquadFeatures:
-    input_ids: np.ndarray  # (F, T) int32
+    input_ids: np.ndarray  # (F, T) int32, padded with the tokenizer's pad id
     input_mask: np.ndarray  # (F, T) int32
     segment_ids: np.ndarray  # (F, T) int32: 0 for [CLS] question [SEP], 1 for the window
     start_positions: np.ndarray  # (F,) int32, 0 ([CLS]) when the window has no answer
@@ -232,17 +240,29 @@ class SquadFeatures:
         return len(self.input_ids)
 
 
-def improve_answer_span(doc_tokens, start, end, tokenizer, answer_text) -> tuple[int, int]:
-    """The narrowest piece span inside [start, end] whose pieces spell the tokenized answer.
+def answer_ids(example: SquadExample, tokenizer) -> list[int]:
+    """The ids of the answer text as it reads in the document's pieces: its words after a
+    space where the answer begins a word that is not the context's first (byte-level
+    BPE's 'Ġfox'), as they begin a text where it starts the context or inside a word
+    ("1895" of "(1895-1943).")."""
+    word_start = example.word_starts[example.start_word]
+    at = word_start if example.answer_start < 0 else example.answer_start
+    after_space = example.start_word > 0 and at == word_start
+    return [i for ids in tokenizer.encode_words(example.answer_text.split(), after_space)
+            for i in ids]  # fmt: skip
+
+
+def improve_answer_span(doc_ids, start, end, target) -> tuple[int, int]:
+    """The narrowest piece span inside [start, end] whose pieces are `target`, the
+    answer's (`answer_ids`).
 
     A word span can be wider than the answer ("(1895-1943)." for "1895"); the pieces of
     the answer text, if found inside the span, give the exact start and end.
     """
-    target = tokenizer.tokenize(answer_text)
     n = len(target)
     for new_start in range(start, end + 1):
         for new_end in range(end, new_start - 1, -1):
-            if new_end - new_start + 1 == n and doc_tokens[new_start : new_end + 1] == target:
+            if new_end - new_start + 1 == n and doc_ids[new_start : new_end + 1] == target:
                 return new_start, new_end
     return start, end
 
@@ -278,18 +298,19 @@ def encode_squad(
         if len(query) > max_query_length:
             num_query_cut += 1
             query = query[:max_query_length]
-        word_pieces = tokenizer.tokenize_batch(list(example.doc_words))
-        doc_tokens, piece_to_word, word_first_piece = [], [], []
+        # Each word as it reads in the context (after a space, for byte-level BPE).
+        word_pieces = tokenizer.encode_words(example.doc_words)
+        doc_ids, piece_to_word, word_first_piece = [], [], []
         for w, pieces in enumerate(word_pieces):
-            word_first_piece.append(len(doc_tokens))
-            doc_tokens.extend(pieces)
+            word_first_piece.append(len(doc_ids))
+            doc_ids.extend(pieces)
             piece_to_word.extend([w] * len(pieces))
         answer = None
         if is_training and not example.is_impossible and example.start_word >= 0:
             start = word_first_piece[example.start_word]
             last = example.end_word + 1
-            end = (word_first_piece[last] if last < len(word_pieces) else len(doc_tokens)) - 1
-            answer = improve_answer_span(doc_tokens, start, end, tokenizer, example.answer_text)
+            end = (word_first_piece[last] if last < len(word_pieces) else len(doc_ids)) - 1
+            answer = improve_answer_span(doc_ids, start, end, answer_ids(example, tokenizer))
 
         room = max_seq_length - len(query) - specials
         if room <= 0:
@@ -298,15 +319,14 @@ def encode_squad(
         windows = []
         offset = 0
         while True:
-            length = min(len(doc_tokens) - offset, room)
+            length = min(len(doc_ids) - offset, room)
             windows.append((offset, length))
-            if offset + length >= len(doc_tokens):
+            if offset + length >= len(doc_ids):
                 break
             offset += min(length, doc_stride)
         num_split += len(windows) > 1
 
         query_ids = tokenizer.convert_tokens_to_ids(query)
-        doc_ids = tokenizer.convert_tokens_to_ids(doc_tokens)
         for w, (start, length) in enumerate(windows):
             input_ids, types, first = tokenizer.with_special_tokens(
                 query_ids, doc_ids[start : start + length]
@@ -330,7 +350,7 @@ def encode_squad(
             max_contexts.append(is_max)
 
     n = len(rows["ids"])
-    ids = np.zeros((n, max_seq_length), np.int32)
+    ids = np.full((n, max_seq_length), tokenizer.pad_id, np.int32)
     types = np.zeros_like(ids)
     mask = np.zeros_like(ids)
     for i, (row, row_types) in enumerate(zip(rows["ids"], rows["types"], strict=True)):

@@ -1,13 +1,15 @@
 """Tagged words -> `[CLS] pieces [SEP]` arrays with each word's tag on its first piece.
 
-As in the BERT paper's NER setup, a word's label (and, at evaluation, its prediction) sits
-on its first WordPiece; the other pieces carry weight 0. Words that do not fit in
-`max_seq_length` are cut (the example is counted as truncated, the cut words are counted)
-and predicted "O" at evaluation, so every word of the input still gets a tag; words that
-tokenize to nothing (e.g. a lone control character) are counted and predicted "O" too.
-Words the vocabulary cannot spell (only `[UNK]`) are counted and warned of above
-UNKNOWN_WARN_FRACTION: a model that reads most of a script as `[UNK]` (an English vocab on
-Chinese text) cannot tell its words apart, whatever fine-tuning does.
+Each word is tokenized as it reads in the sentence `" ".join(words)` (`Tokenizer.encode_words`:
+a byte-level BPE's words after the first carry the prefix space, 'Ġfox'), so its pieces are
+those transformers gives the sentence. As in the BERT paper's NER setup, a word's label
+(and, at evaluation, its prediction) sits on its first piece; the other pieces carry
+weight 0. Words that do not fit in `max_seq_length` are cut (the example is counted as
+truncated, the cut words are counted) and predicted "O" at evaluation, so every word of the
+input still gets a tag; words that tokenize to nothing (e.g. a lone control character) are
+counted and predicted "O" too. Words the vocabulary cannot spell (only `[UNK]`) are counted
+and warned of above UNKNOWN_WARN_FRACTION: a model that reads most of a script as `[UNK]`
+(an English vocab on Chinese text) cannot tell its words apart, whatever fine-tuning does.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ UNKNOWN_WARN_FRACTION = 0.01  # warn when more words than this are only [UNK]
 
 @dataclasses.dataclass
 class TaggingFeatures:
-    input_ids: np.ndarray  # (N, T) int32, 0-padded
+    input_ids: np.ndarray  # (N, T) int32, padded with the tokenizer's pad id
     input_mask: np.ndarray  # (N, T) int32
     segment_ids: np.ndarray  # (N, T) int32, all 0
     label_ids: np.ndarray  # (N, T) int32: tag id at first pieces, 0 elsewhere
@@ -57,13 +59,14 @@ def encode_tagged(
             the example (its guid is `file:line`) and the tag.
     """
     n = len(examples)
-    ids = np.zeros((n, max_seq_length), np.int32)
+    ids = np.full((n, max_seq_length), tokenizer.pad_id, np.int32)
     mask = np.zeros_like(ids)
     label_ids = np.zeros_like(ids)
     weights = np.zeros((n, max_seq_length), np.float32)
     index = {t: i for i, t in enumerate(tags)}
     words = [w for e in examples for w in e.words]
-    pieces = tokenizer.encode_batch(words) if words else []
+    # Each word as it reads in its sentence: after a space, for byte-level BPE.
+    pieces = [p for e in examples for p in (tokenizer.encode_words(e.words) if e.words else [])]
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
     truncated = cut = empty = 0
     unknown = sum(1 for p in pieces if len(p) == 1 and p[0] == tokenizer.unk_id)

@@ -29,6 +29,15 @@ SEQ_LEN = 1_024  # the paper's phase-1 length (context extension to 8,192 follow
 NUM_TRAIN_STEPS = 360_000
 
 
+PAPER_WEIGHT_DECAY = 1e-5  # the fraction of a weight decayed per step at the peak rate
+
+
+def decay_for(peak_learning_rate: float) -> float:
+    """weight_decay for an optimizer that multiplies it by the rate (adamw_bias_corrected),
+    giving the paper's PAPER_WEIGHT_DECAY per step at `peak_learning_rate`."""
+    return PAPER_WEIGHT_DECAY / peak_learning_rate
+
+
 def get_config() -> ml_collections.ConfigDict:
     config = bert_base.get_config("phase1")
     config.objective = "mlm"  # ModernBERT trains masked LM alone (no NSP)
@@ -60,6 +69,8 @@ def get_config() -> ml_collections.ConfigDict:
     opt.name = "adamw_bias_corrected"  # torch's AdamW (the paper: StableAdamW)
     opt.learning_rate = 8e-4  # the paper's base peak rate
     opt.warmup_steps = 640  # the paper's 3B warmup tokens at 4.7M tokens per step
-    opt.weight_decay = 1e-5  # the paper's
+    # The paper's decay is 1e-5 of a weight per step at the peak rate (decoupled from the
+    # rate); this AdamW multiplies weight_decay by the rate, hence 1e-5 / 8e-4 = 0.0125.
+    opt.weight_decay = decay_for(opt.learning_rate)
     opt.b2 = 0.98  # the paper's
     return config
