@@ -48,6 +48,7 @@ REMAT_POLICIES = (
     "save_out_proj",  # keep the attention output projection only
     # ours: keep q, k, v as attention reads them (rotated, scaled; bf16 on the splash path)
     "save_attend_qkv",
+    "save_attend_qkv_out",  # ours: those and splash's output and logsumexp (splash path only)
 )
 
 _DTYPES = ("float32", "bfloat16", "float16")

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from bert_jax import attention, layers
+from bert_jax import attention, layers, splash
 from bert_jax.config import BertConfig
 from bert_jax.layers import attention_mask, last_token_positions
 
@@ -435,6 +435,8 @@ SAVED_TAGS = {
     "save_qkv_proj": QKV_TAGS,
     "save_out_proj": ("out_proj",),
     "save_attend_qkv": ATTEND_TAGS,
+    # and splash's output and logsumexp (`splash.RESIDUAL_TAG`): no forward kernel recomputed
+    "save_attend_qkv_out": (*ATTEND_TAGS, splash.RESIDUAL_TAG),
 }
 
 

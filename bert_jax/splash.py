@@ -31,6 +31,7 @@ from bert_jax.config import BertConfig, ConfigError
 LANES = 128  # splash's tiles: block sizes are multiples of the TPU's 128 lanes
 SUBLANES = 8  # the key segment ids and the backward's logsumexp are 8 rows tall
 F32 = 4  # bytes of the kernels' f32 side arrays (logsumexp, its derivative, segment ids)
+RESIDUAL_TAG = "attend_out"  # checkpoint_name of the forward kernel's output and logsumexp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +270,14 @@ def _kernel(length, heads, window, block_q, block_kv, interpret):
     )
     mask = splash.MultiHeadMask([splash_mask(length, window)] * heads)
     return splash.make_splash_mha(
-        mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+        mask,
+        block_sizes=sizes,
+        head_shards=1,
+        q_seq_shards=1,
+        interpret=interpret,
+        # the forward's output and logsumexp, what its backward reads: a remat policy that
+        # keeps them (`save_attend_qkv_out`) spares the backward pass the forward kernel
+        residual_checkpoint_name=RESIDUAL_TAG,
     )
 
 

@@ -55,6 +55,8 @@ KEPT = {
     ("save_dot_except_mlpwi", "bert"): QKV | {"out_proj", "mlpwo"},
     ("save_attend_qkv", "modern"): ATTEND,
     ("save_attend_qkv", "bert"): ATTEND,
+    # splash's output and logsumexp too, on the splash path only (below)
+    ("save_attend_qkv_out", "modern"): ATTEND,
 }
 
 
@@ -146,29 +148,43 @@ def test_minimal_is_jaxs_dots_with_no_batch_dims_saveable(params):
     assert _saved(MODERN, "dots_with_no_batch_dims_saveable", params["modern"]) == (names, dots)
 
 
-def test_the_splash_path_keeps_q_k_v_in_the_compute_dtype():
+def test_the_splash_path_keeps_q_k_v_in_the_compute_dtype_and_splash_its_residuals():
     """The splash kernels read q, k, v in the compute dtype, and `save_attend_qkv` keeps them
-    so: bf16 residuals, half the f32 arrays the same policy keeps on the einsum path."""
+    so: bf16 residuals, half the f32 arrays the same policy keeps on the einsum path.
+    `save_attend_qkv_out` keeps splash's output and logsumexp besides (what its backward
+    reads, so that no forward kernel is recomputed), and gives remat none's gradient."""
     config = MODERN.replace(dtype="bfloat16", max_position_embeddings=128)
     ids = jnp.asarray(np.random.default_rng(0).integers(1, 96, (1, 128)))
     params = jax.jit(BertModel(config, add_pooling_layer=False).init)(jax.random.key(0), ids)
 
-    def kept(implementation):
-        model = BertModel(
-            config.replace(attention_implementation=implementation, remat_policy="save_attend_qkv"),
-            add_pooling_layer=False,
+    def loss(implementation, policy):
+        changes = dict(attention_implementation=implementation, remat_policy=policy)
+        model = BertModel(config.replace(**changes), add_pooling_layer=False)
+        return lambda p: jnp.sum(jnp.sin(model.apply({"params": p}, ids).sequence_output))
+
+    def kept(implementation, policy):
+        saved = _residuals(loss(implementation, policy), params["params"])
+
+        def dtype(line):
+            return line.split("[")[0]  # as jax prints it: bf16, f32
+
+        tags = sorted(
+            (tag, dtype(line)) for line in saved for tag in ATTEND if f"named '{tag}'" in line
         )
+        splash_out = sorted(dtype(line) for line in saved if "_splash_attention" in line)
+        return tags, splash_out
 
-        def loss(params):
-            return jnp.sum(jnp.sin(model.apply({"params": params}, ids).sequence_output))
+    def per_layer(dtype):
+        return sorted((tag, dtype) for tag in ATTEND for _ in range(LAYERS))
 
-        saved = _residuals(loss, params["params"])
-        return sorted(
-            (tag, line.split("[")[0])  # the dtype, as jax prints it
-            for line in saved
-            for tag in ATTEND
-            if f"named '{tag}'" in line
-        )
+    assert kept("splash", "save_attend_qkv") == (per_layer("bf16"), [])
+    assert kept("einsum", "save_attend_qkv") == (per_layer("f32"), [])
+    # the output (bf16) and logsumexp (f32) of each layer's kernel
+    want = (per_layer("bf16"), sorted(["bf16", "f32"] * LAYERS))
+    assert kept("splash", "save_attend_qkv_out") == want
 
-    assert kept("splash") == sorted((tag, "bf16") for tag in ATTEND for _ in range(LAYERS))
-    assert kept("einsum") == sorted((tag, "f32") for tag in ATTEND for _ in range(LAYERS))
+    grads = jax.jit(
+        lambda p: [jax.grad(loss("splash", q))(p) for q in ("none", "save_attend_qkv_out")]
+    )(params["params"])
+    for x, y in zip(*(jax.tree.leaves(g) for g in grads), strict=True):
+        np.testing.assert_array_equal(x, y)

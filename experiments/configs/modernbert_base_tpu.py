@@ -3,13 +3,14 @@ r"""ModernBERT-base on a TPU v4 slice: v4:4x4x4 (64 chips, `v4-128`), T=1,024 th
 Phase 1 is `modernbert_base.py` (the paper's 4,608 x 1,024-token batch, 30% masking,
 packed rows, 360k updates), data parallel with the weight update sharded over the chips:
 one step of 72 sequences per chip per update, each layer recomputed in the backward pass but
-for q, k and v as the kernels read them (`remat_policy="save_attend_qkv"`, bf16). By the TPU
-compiler's estimate (splash attention, with the splash path's layout changes) that is 698.2 ms
-per update, 30.7% MFU, 24.7 GiB: 9.3% faster than every layer recomputed (`full`: 769.5 ms,
-27.8%, 13.0 GiB), itself 6.7% faster than four micro-steps of 18 per chip with nothing
-recomputed (824.4 ms, 26.0%, 24.3 GiB) (docs/tpu_modernbert.md, "What still moves the bytes
-at 72 rows per chip"; docs/tpu_modernbert_recipe.md, "Remat policies and rows per chip with
-splash").
+for q, k and v as the kernels read them and splash's output and logsumexp
+(`remat_policy="save_attend_qkv_out"`). By the TPU compiler's estimate (splash attention, with
+the splash path's layout changes) that is 657.6 ms per update, 32.6% MFU, 29.7 GiB of the
+usable 30.9 (`save_attend_qkv`, q, k, v only: 698.2 ms, 24.7 GiB, the fallback if a real run
+runs short of memory): 14.5% faster than every layer recomputed (`full`: 769.5 ms, 27.8%,
+13.0 GiB), itself 6.7% faster than four micro-steps of 18 per chip with nothing recomputed
+(824.4 ms, 26.0%, 24.3 GiB) (docs/tpu_modernbert.md, "What still moves the bytes at 72 rows
+per chip"; docs/tpu_modernbert_recipe.md, "Remat policies and rows per chip with splash").
 
 Phase 2 is the paper's context extension (Warner et al. 2024: 8,192-token sequences,
 global layers' rotary theta 160,000 — the preset's already —, 300B more tokens at an lr
@@ -22,8 +23,8 @@ array, and by the TPU compiler's estimate 9 per chip with every layer recomputed
 backward pass (`remat full`) fit in 12.7 GiB and cost 18% less per token than one per
 chip: 1,032.9 ms per step, 114.8 ms per sequence, 34.4% MFU, against 140.2 ms and 28.2%
 (docs/tpu_modernbert_recipe.md, "Remat policies and rows per chip with splash"). Keeping
-q, k and v as in phase 1 (`save_attend_qkv`) makes it 958.0 ms, 37.1% MFU, 24.6 GiB
-(docs/tpu_modernbert.md).
+q, k, v and splash's output and logsumexp as in phase 1 (`save_attend_qkv_out`) makes it
+872.4 ms, 40.8% MFU, 29.6 GiB (docs/tpu_modernbert.md).
 
   python -m experiments.aot_compile --config=experiments/configs/modernbert_base_tpu.py:phase1
 
@@ -54,10 +55,11 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     # Pallas' flash kernels, no (T, S) arrays (bert_jax.splash; issue 66): TPU-only, as this config
     config.model.attention_implementation = "splash"
     if phase == "phase1":
-        # 72 per chip, each layer recomputed but q, k, v (bf16): 698.2 ms/update, 24.7 GiB,
+        # 72 per chip, each layer recomputed but q, k, v and splash's output and logsumexp:
+        # 657.6 ms/update, 29.7 GiB (q, k, v alone, `save_attend_qkv`: 698.2, 24.7 GiB),
         # against 769.5 for `full` and 824.4 for 18 x 4 micro-steps with nothing recomputed
         # (docs/tpu_modernbert.md)
-        config.model.remat_policy = "save_attend_qkv"
+        config.model.remat_policy = "save_attend_qkv_out"
     if phase == "phase2":
         data = config.data
         data.max_seq_length = LONG_SEQ_LEN  # T of the records
@@ -73,8 +75,9 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
         # the paper's 1e-5 per step at this phase's peak (the rate scales weight_decay here)
         config.optimizer.weight_decay = modernbert_base.decay_for(3e-4)
         config.optimizer.warmup_steps = 640  # as phase 1 (our choice)
-        # each layer recomputed but q, k, v (bf16): 9 per chip 958.0 ms/step (37.1% MFU,
-        # 24.6 GiB) against 1,032.9 for `full`; keeping the output projection gained nothing
+        # each layer recomputed but q, k, v and splash's output and logsumexp: 9 per chip
+        # 872.4 ms/step (40.8% MFU, 29.6 GiB; `save_attend_qkv` 958.0, 24.6 GiB) against
+        # 1,032.9 for `full`; keeping the output projection gained nothing
         # (docs/tpu_modernbert.md, docs/tpu_modernbert_recipe.md)
-        config.model.remat_policy = "save_attend_qkv"
+        config.model.remat_policy = "save_attend_qkv_out"
     return config
