@@ -62,6 +62,9 @@ def _records(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+# Extended tier (CI runs it; ~20-40 s of make test's budget: a run and its resume). make test
+# keeps the detection itself: the next test's rollback sees the same norm jump.
+@pytest.mark.extended
 def test_a_diverging_rate_stops_at_the_norm_jump_and_the_named_checkpoint_resumes(
     tmp_path, data_dir
 ):

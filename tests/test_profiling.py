@@ -62,6 +62,7 @@ def _traced_steps(path) -> list[int]:
     return sorted(steps)
 
 
+@pytest.mark.extended  # a traced run and a second process on the cache, ~21 s; CI runs it
 def test_trace_of_a_step_range_and_the_compilation_cache(tmp_path, synthetic_data, xla_cache):
     # config.jax_cache_dir names the session's cache (where the reference run's train step
     # usually is already, which keeps this test cheap); JAX_COMPILATION_CACHE_DIR names an

@@ -226,6 +226,7 @@ _ODD = (
 )
 
 
+@pytest.mark.extended  # two trajectories, ~25 s; make test keeps adamw's step-for-step equality
 def test_lamb_over_leaves_split_along_two_dimensions_equals_the_replicated_run():
     args = dict(mesh_shape=(4, 2, 1), model=_ODD, rules=_DATA_ONLY, spread=True)
     losses, first, final, placed, _ = _trajectory("lamb", shard=True, **args)
@@ -293,6 +294,7 @@ def test_gradients_are_reduced_in_float32_under_bf16_matmuls(compiled_steps, sha
 _ONE_LAYER_BF16 = dict(dtype="bfloat16", model=(("num_hidden_layers", 1),))
 
 
+@pytest.mark.extended  # two bf16 trajectories, ~22 s of make test's budget; CI runs it
 def test_kernels_gathered_in_bf16_train_bit_for_bit_as_the_f32_gather():
     """`config.shard_weight_update_explicit_gather` (an explicit bf16 all-gather of the
     kernels) against the constraint on the f32 params, both with bf16 matmuls."""
