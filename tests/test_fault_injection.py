@@ -183,6 +183,7 @@ def test_a_checkpoint_directory_gone_unwritable_mid_run_stops_at_that_save(
     assert _restored_step(kept) == 5  # what was saved is intact
 
 
+@pytest.mark.extended  # a run of its own to the write it breaks (~19 s); CI runs it
 def test_a_failing_background_write_stops_the_run_at_once_and_keeps_the_older_checkpoint(
     tmp_path, data_dir, env, finished
 ):

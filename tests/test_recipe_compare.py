@@ -112,6 +112,7 @@ def test_each_arm_changes_only_what_it_names():
     assert {n for n, o in objectives.items() if o != "mlm"} == {"electra", "electra_modern"}
 
 
+@pytest.mark.extended  # a short ELECTRA run, ~12 s of make test's budget; CI runs it
 def test_the_modern_electra_arm_trains_the_modern_encoder_as_its_discriminator():
     """The discriminator is the modern arm's encoder (the same params), the generator the
     same kind of encoder at a quarter of the width; a few steps lower the loss. (ELECTRA with

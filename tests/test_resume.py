@@ -203,6 +203,11 @@ def test_sigkill_mid_training_then_restart_equals_the_uninterrupted_run(
     _assert_same_run(workdir, reference)
 
 
+# Extended tier (CI runs it; ~20 s of make test's budget): make test keeps SIGTERM's handler
+# and the save it attempts (test_fault_injection's
+# test_sigterm_never_claims_a_checkpoint_that_was_not_saved) and the exact resume (the
+# SIGKILL test above).
+@pytest.mark.extended
 def test_sigterm_saves_at_the_current_step_exits_0_and_resumes_exactly(
     tmp_path, data_dir, env, reference
 ):

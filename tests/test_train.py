@@ -211,10 +211,10 @@ def _single_device():
         # dp: test_the_rule_table_in_the_config_switches_dp_fsdp_tp[dp] runs the all-data-
         # parallel step on 8 devices against this same single-device run (and the (8,1,1)
         # mesh trains in test_weight_update_sharding). dp_tp: dp_fsdp_tp below splits data
-        # and tensor too, with fsdp.
+        # and tensor too, with fsdp. tp: dp_fsdp_tp's tensor axis splits the same kernels.
         pytest.param((8, 1, 1), id="dp", marks=pytest.mark.extended),
         pytest.param((1, 8, 1), id="fsdp"),
-        pytest.param((1, 1, 8), id="tp"),
+        pytest.param((1, 1, 8), id="tp", marks=pytest.mark.extended),
         pytest.param((2, 1, 4), id="dp_tp", marks=pytest.mark.extended),
         pytest.param((2, 2, 2), id="dp_fsdp_tp"),
     ],
