@@ -64,7 +64,6 @@ def encode_tagged(
     label_ids = np.zeros_like(ids)
     weights = np.zeros((n, max_seq_length), np.float32)
     index = {t: i for i, t in enumerate(tags)}
-    words = [w for e in examples for w in e.words]
     # Each word as it reads in its sentence: after a space, for byte-level BPE.
     pieces = [p for e in examples for p in (tokenizer.encode_words(e.words) if e.words else [])]
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
@@ -110,11 +109,11 @@ def encode_tagged(
             "%d words without word pieces (predicted 'O')",
             name, truncated, n, max_seq_length, cut, empty,
         )  # fmt: skip
-    if words and unknown > UNKNOWN_WARN_FRACTION * len(words):
+    if pieces and unknown > UNKNOWN_WARN_FRACTION * len(pieces):  # one entry per word
         log.warning(
             "%s: %d of %d words (%.1f%%) are [UNK] in this vocabulary: the model cannot tell "
             "them apart (is the vocab made for this language?)",
-            name, unknown, len(words), 100.0 * unknown / len(words),
+            name, unknown, len(pieces), 100.0 * unknown / len(pieces),
         )  # fmt: skip
     return TaggingFeatures(ids, mask, np.zeros_like(ids), label_ids, weights, positions,
                            truncated, cut, empty, unknown)  # fmt: skip

@@ -73,7 +73,7 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
         config.start_step = 0  # params only: the step count restarts
         config.optimizer.learning_rate = 3e-4  # the paper's context-extension peak rate
         # the paper's 1e-5 per step at this phase's peak (the rate scales weight_decay here)
-        config.optimizer.weight_decay = modernbert_base.decay_for(3e-4)
+        config.optimizer.weight_decay = modernbert_base.decay_for(config.optimizer.learning_rate)
         config.optimizer.warmup_steps = 640  # as phase 1 (our choice)
         # each layer recomputed but q, k, v and splash's output and logsumexp: 9 per chip
         # 872.4 ms/step (40.8% MFU, 29.6 GiB; `save_attend_qkv` 958.0, 24.6 GiB) against
