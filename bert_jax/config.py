@@ -151,6 +151,9 @@ class BertConfig:
     splash_block_q: int = 1024  # query tile of global layers
     splash_block_kv: int = 1024  # key/value tile of global layers
     splash_local_block: int = 256  # query and key/value tile of local layers
+    # splash's backward as one kernel (dq computed beside dk and dv: one recomputation of the
+    # probabilities, not two) instead of a dq kernel and a dk/dv kernel
+    splash_fused_backward: bool = False
     # Left-to-right attention: position t attends only positions <= t (and real tokens), the
     # paper's "LTR" ablation, in pretraining and fine-tuning alike; the pooled output is then
     # the last real token's (see `bert_jax.model.BertModel`). HF's `is_decoder`.
@@ -226,7 +229,7 @@ class BertConfig:
         size = self.embedding_size
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
             problems.append(f"embedding_size must be a positive integer or None, got {size!r}")
-        for name in ("causal", "linear_bias", "norm_bias"):
+        for name in ("causal", "linear_bias", "norm_bias", "splash_fused_backward"):
             if not isinstance(getattr(self, name), bool):
                 problems.append(f"{name} must be True or False, got {getattr(self, name)!r}")
         problems += self._architecture_problems()

@@ -99,6 +99,10 @@ PRETRAIN: dict[str, Bound] = {
     "model.attention_implementation": Model(
         "attention", _choices(ATTENTION_IMPLEMENTATIONS), none=""
     ),
+    "model.splash_local_block": Model(
+        "splash's tile of local layers", "a multiple of 128 dividing T (or >= T)", none=""
+    ),
+    "model.splash_fused_backward": Model("splash's backward as one kernel", "True or False"),
     "model.hidden_dropout_prob": Model("dropout of the residual branches", _PROB),
     "model.attention_probs_dropout_prob": Model("dropout of attention probabilities", _PROB),
     "model.embedding_size": Model("E, the embedding tables' width", _POSITIVE_INT, none="E = H"),

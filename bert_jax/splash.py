@@ -75,7 +75,14 @@ def active_blocks(length: int, block_q: int, block_kv: int, window: Window) -> i
 
 
 def kernel_costs(
-    length: int, heads: int, head_dim: int, block_q: int, block_kv: int, window: Window, itemsize
+    length: int,
+    heads: int,
+    head_dim: int,
+    block_q: int,
+    block_kv: int,
+    window: Window,
+    itemsize,
+    fused: bool = False,
 ) -> dict[str, pl.CostEstimate]:
     """Block-level cost of splash's three kernels for one example of `heads` heads.
 
@@ -87,6 +94,11 @@ def kernel_costs(
     computed tile; the dk/dv kernel holds a key tile and fetches q, do, logsumexp and its
     derivative per computed tile. Query segment ids are laid out (T, 128) int32, key ones
     (8, T), the forward's logsumexp (T, 128) f32 and the backward's (8, T): splash's layouts.
+
+    `fused`: one backward kernel (splash's `use_fused_bwd_kernel`), the dk/dv kernel also
+    computing dq = ds k (10 bq bkv D a tile, the probabilities recomputed once): it writes a
+    (bq, D) partial dq at every (key tile, query tile) of its grid, computed or not, which
+    XLA then sums over the key tiles; there is no dq kernel ("dq" is then unused).
     """
     tiles = active_blocks(length, block_q, block_kv, window)
     pairs, seq = tiles * block_q * block_kv, length * head_dim * itemsize  # one (T, D) array
@@ -110,6 +122,8 @@ def kernel_costs(
             bytes_accessed=heads * nbytes,
         )
 
+    if fused:  # + the partial dq of each (key tile, query tile): T / bkv arrays of (T, D)
+        return {"fwd": estimate(2, forward), "dkv": estimate(5, dkv + length // block_kv * seq)}
     return {"fwd": estimate(2, forward), "dq": estimate(3, dq), "dkv": estimate(4, dkv)}
 
 
@@ -251,8 +265,9 @@ def _platform() -> str:
     return device.platform if device is not None else jax.default_backend()
 
 
-def _kernel(length, heads, window, block_q, block_kv, interpret):
-    """splash's kernel for `heads` heads (a pytree: its mask's block tables)."""
+def _kernel(length, heads, window, block_q, block_kv, interpret, fused=False):
+    """splash's kernel for `heads` heads (a pytree: its mask's block tables); `fused`: one
+    backward kernel for dq, dk and dv."""
     sizes = splash.BlockSizes(
         block_q=block_q,
         block_kv=block_kv,
@@ -260,8 +275,9 @@ def _kernel(length, heads, window, block_q, block_kv, interpret):
         block_q_dkv=block_q,
         block_kv_dkv=block_kv,
         block_kv_dkv_compute=block_kv,
-        block_q_dq=block_q,
-        block_kv_dq=block_kv,
+        block_q_dq=None if fused else block_q,
+        block_kv_dq=None if fused else block_kv,
+        use_fused_bwd_kernel=fused,
         # q, k, v handed over (A, D, T), T minor: laid out (A, T, D), a head of 64 fills its
         # 128-lane tiles half, and the arrays XLA writes for the kernels are 2x their bytes
         q_layout=splash.QKVLayout.SEQ_MINOR,
@@ -300,8 +316,11 @@ def attention(
 
     def shard(q, k, v, segments):  # this device's (b, T, a, D) and (b, T)
         heads = q.shape[2]
-        kernel = _kernel(length, heads, window, block_q, block_kv, interpret)
-        costs = kernel_costs(length, heads, q.shape[3], block_q, block_kv, window, dtype.itemsize)
+        fused = cfg.splash_fused_backward
+        kernel = _kernel(length, heads, window, block_q, block_kv, interpret, fused)
+        costs = kernel_costs(
+            length, heads, q.shape[3], block_q, block_kv, window, dtype.itemsize, fused
+        )
         one = jax.vmap(priced(costs), in_axes=(None, 0, 0, 0, 0, 0))
         heads_first = [jnp.swapaxes(y.astype(dtype), 1, 2) for y in (q, k, v)]  # (b, a, T, D)
         out = one(kernel, *heads_first, segments, segments)

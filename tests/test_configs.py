@@ -79,6 +79,8 @@ EXTRA_KEYS = {"topology", "bucket", "data_dir", "start_step", "data.eval_masked_
 # ModernBERT's recipe (modernbert_base_recipe_tpu.py): phase 1's global rotary theta, the shape
 # of phase 3's decay.
 EXTRA_KEYS |= {"model.rope_theta", "optimizer.decay_shape"}
+# ModernBERT-base's phase 1 on TPU: splash's local tile and its one-kernel backward.
+EXTRA_KEYS |= {"model.splash_local_block", "model.splash_fused_backward"}
 PAPER_RECIPE = (
     "bert_base.py",
     "bert_large.py",

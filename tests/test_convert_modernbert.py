@@ -341,6 +341,7 @@ def test_how_a_model_is_computed_is_not_written_into_its_config(tmp_path):
         splash_block_q=256,
         splash_block_kv=256,
         splash_local_block=128,
+        splash_fused_backward=True,
         remat_policy="full",
     )
     data = ours_config_dict(computed)
@@ -350,6 +351,7 @@ def test_how_a_model_is_computed_is_not_written_into_its_config(tmp_path):
         "splash_block_q",
         "splash_block_kv",
         "splash_local_block",
+        "splash_fused_backward",
         "remat_policy",
         "dtype",
     ):

@@ -94,19 +94,25 @@ def _dense_reference(q, k, v, ids, window, causal=False):
 
 
 @pytest.mark.parametrize(
-    "window, causal",
+    "window, causal, fused",
     [
-        (0, False),  # a global layer
-        pytest.param(16, False, marks=pytest.mark.extended),  # a window inside one tile
-        (100, False),  # reaching 50 tokens into the neighbouring tiles
-        pytest.param(0, True, marks=pytest.mark.extended),
-        pytest.param(100, True, marks=pytest.mark.extended),
+        (0, False, False),  # a global layer
+        pytest.param(16, False, False, marks=pytest.mark.extended),  # a window inside one tile
+        (100, False, False),  # reaching 50 tokens into the neighbouring tiles
+        pytest.param(0, True, False, marks=pytest.mark.extended),
+        pytest.param(100, True, False, marks=pytest.mark.extended),
+        # one backward kernel: dq from partial sums over the key tiles (two tiles here)
+        (0, False, True),
+        (100, False, True),
+        pytest.param(100, True, True, marks=pytest.mark.extended),
     ],
 )
-def test_kernel_and_its_gradients_equal_the_masked_einsum(window, causal):
+def test_kernel_and_its_gradients_equal_the_masked_einsum(window, causal, fused):
     ids, _, _ = _rows(LENGTHS)
     q, k, v = jax.random.normal(jax.random.key(1), (3, 2, T, 2, 16))
-    config = CONFIG.replace(local_attention_window=window or 48, causal=causal)
+    config = CONFIG.replace(
+        local_attention_window=window or 48, causal=causal, splash_fused_backward=fused
+    )
     real = jnp.asarray(ids > 0)[..., None, None]
 
     def loss(attend):
@@ -216,14 +222,23 @@ def test_cost_estimates_count_the_tiles_the_mask_computes(reach, causal, block_q
     per_tile = heads * block_kv * (2 * head_dim * 2 + 8 * 4)
     fewer = full["fwd"].bytes_accessed - costs["fwd"].bytes_accessed
     assert fewer == (all_tiles - tiles) * per_tile
+    # One backward kernel: dq's product added to dk/dv's, the scores' exps once, and a (bq, D)
+    # partial dq written at every (key tile, query tile), T / bkv arrays of (T, D) bf16.
+    fused = splash.kernel_costs(length, heads, head_dim, block_q, block_kv, window, 2, True)
+    assert set(fused) == {"fwd", "dkv"}
+    assert fused["dkv"].flops == 2 * head_dim * pairs * 5
+    assert fused["dkv"].transcendentals == pairs
+    partials = heads * (length // block_kv) * length * head_dim * 2
+    assert fused["dkv"].bytes_accessed == costs["dkv"].bytes_accessed + partials
 
 
-def test_the_traced_step_carries_the_estimates_through_vmap_and_the_backward():
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_traced_step_carries_the_estimates_through_vmap_and_the_backward(fused):
     """In a gradient's program each splash kernel carries `kernel_costs` for its kind, times
-    the examples (vmap): what the TPU compiler prices."""
+    the examples (vmap): what the TPU compiler prices. A fused backward is one kernel."""
     ids, _, _ = _rows(LENGTHS)
     q = jnp.zeros((2, T, 2, 16))
-    config = CONFIG.replace(local_attention_window=100)
+    config = CONFIG.replace(local_attention_window=100, splash_fused_backward=fused)
 
     def loss(q):
         return splash.attention(config, q, q, q, jnp.asarray(ids), local=True).sum()
@@ -240,8 +255,8 @@ def test_the_traced_step_carries_the_estimates_through_vmap_and_the_backward():
                     walk(inner)
 
     walk(jax.make_jaxpr(jax.grad(loss))(q).jaxpr)
-    want = splash.kernel_costs(T, 2, 16, 128, 128, splash.Window(50, 50), 4)
-    assert set(found) == {"fwd", "dq", "dkv"}
+    want = splash.kernel_costs(T, 2, 16, 128, 128, splash.Window(50, 50), 4, fused)
+    assert set(found) == ({"fwd", "dkv"} if fused else {"fwd", "dq", "dkv"})
     for kind, estimate in found.items():
         assert estimate.flops == 2 * want[kind].flops, kind  # two examples
         assert estimate.bytes_accessed == 2 * want[kind].bytes_accessed, kind

@@ -39,6 +39,7 @@ _NOT_WRITTEN = (
     "splash_block_q",
     "splash_block_kv",
     "splash_local_block",
+    "splash_fused_backward",
 )
 
 

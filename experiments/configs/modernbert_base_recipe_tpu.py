@@ -36,9 +36,12 @@ and layout, each choice marked with its source:
   by the TPU compiler's estimate (docs/tpu_modernbert_recipe.md).
 
 The layout is `modernbert_base_tpu.py`'s (64-way data parallel, the weight update sharded),
-one step per update: nothing recomputed at 18 sequences per chip (`warmup1`), every layer
-above and in phase 2. By the TPU compiler's estimate (splash attention) the whole recipe
-takes 4.0 days on the v4-128 (docs/tpu_modernbert_recipe.md has each stage's figures).
+one step per update: nothing recomputed at 18 sequences per chip (`warmup1`), above that and
+in phase 2 each layer recomputed but q, k, v and splash's output and logsumexp
+(`save_attend_qkv_out`), with phase 1's splash settings. By the TPU compiler's estimate
+(splash attention; the stages taken at `modernbert_base_tpu.py`'s step times, which
+StableAdamW and the rotary theta do not change) the whole recipe takes 3.3 days on the
+v4-128 (docs/tpu_modernbert_recipe.md has each stage's figures).
 
 Step counts are the paper's token counts at our batches. The run, stage by stage:
 
@@ -80,7 +83,8 @@ NO_REMAT_ROWS = 18
 LONG_TOKENS, DECAY_TOKENS = 250_000_000_000, 50_000_000_000
 # Sequences of 8,192 per chip: the paper's 576 per step, with splash attention the fastest
 # per token by the compiler's estimate (`remat full`: 114.8 ms per sequence against 140.2
-# at 1 per chip; docs/tpu_modernbert_recipe.md).
+# at 1 per chip; docs/tpu_modernbert_recipe.md; 96.9 with `save_attend_qkv_out`, the
+# layout now).
 LONG_ROWS_PER_CHIP = 9
 
 
@@ -157,9 +161,11 @@ def get_config(variant: str = "phase1") -> ml_collections.ConfigDict:
     # One step per update: the stages chain full train states, and gradient accumulation
     # (optax.MultiSteps) would give the stages with and without it different states.
     opt.grad_accum_steps = 1
-    # Nothing recomputed where that fits (18 sequences per chip), else every layer: the
-    # layouts that fit, by the compiler (docs/tpu_modernbert_recipe.md).
-    config.model.remat_policy = "none" if batch // CHIPS <= NO_REMAT_ROWS else "full"
+    # Nothing recomputed where that fits (18 sequences per chip), else modernbert_base_tpu.py's
+    # phase 1 layout (each layer recomputed but q, k, v and splash's output, which fits its 72
+    # sequences per chip and so the stages' fewer; docs/tpu_modernbert.md)
+    if batch // CHIPS <= NO_REMAT_ROWS:
+        config.model.remat_policy = "none"
     config.start_step = start  # where the previous stage stopped (0 for the first)
     config.stop_at_step = start + stages[index][2]  # this stage's share of the tokens
     config.seed = 1 + index  # each stage restarts its data: another file order and shuffle

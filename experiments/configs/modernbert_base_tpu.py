@@ -4,10 +4,12 @@ Phase 1 is `modernbert_base.py` (the paper's 4,608 x 1,024-token batch, 30% mask
 packed rows, 360k updates), data parallel with the weight update sharded over the chips:
 one step of 72 sequences per chip per update, each layer recomputed in the backward pass but
 for q, k and v as the kernels read them and splash's output and logsumexp
-(`remat_policy="save_attend_qkv_out"`). By the TPU compiler's estimate (splash attention, with
-the splash path's layout changes) that is 657.6 ms per update, 32.6% MFU, 29.7 GiB of the
-usable 30.9 (`save_attend_qkv`, q, k, v only: 698.2 ms, 24.7 GiB, the fallback if a real run
-runs short of memory): 14.5% faster than every layer recomputed (`full`: 769.5 ms, 27.8%,
+(`remat_policy="save_attend_qkv_out"`), splash's backward as one kernel and local layers in
+whole-row tiles. By the TPU compiler's estimate (splash attention, with the splash path's
+layout changes) that is 622.1 ms per update, 34.4% MFU, 29.7 GiB of the usable 30.9 (657.6
+ms with two backward kernels and 256-token local tiles; `save_attend_qkv`, q, k, v only:
+698.2 ms, 24.7 GiB, the fallback if a real run runs short of memory). `save_attend_qkv_out`
+is 14.5% faster than every layer recomputed (`full`: 769.5 ms, 27.8%,
 13.0 GiB), itself 6.7% faster than four micro-steps of 18 per chip with nothing recomputed
 (824.4 ms, 26.0%, 24.3 GiB) (docs/tpu_modernbert.md, "What still moves the bytes at 72 rows
 per chip"; docs/tpu_modernbert_recipe.md, "Remat policies and rows per chip with splash").
@@ -60,6 +62,14 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
         # against 769.5 for `full` and 824.4 for 18 x 4 micro-steps with nothing recomputed
         # (docs/tpu_modernbert.md)
         config.model.remat_policy = "save_attend_qkv_out"
+        # splash's backward as one kernel: at T = 1,024 a global layer's key tile is the whole
+        # row, so dq needs no partial sums, and the probabilities are recomputed once, not
+        # twice (at T = 8,192, eight key tiles, it costs more: phase 2 keeps two kernels)
+        config.model.splash_fused_backward = True
+        # local layers in one tile of the whole row (a window of 128 computed as a global
+        # layer, masked): more FLOPs, fewer bytes, and the step is bound by its bytes. With
+        # the fused backward: 622.1 ms/update, 34.4% MFU (docs/tpu_modernbert.md)
+        config.model.splash_local_block = 1_024
     if phase == "phase2":
         data = config.data
         data.max_seq_length = LONG_SEQ_LEN  # T of the records
