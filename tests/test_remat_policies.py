@@ -188,3 +188,28 @@ def test_the_splash_path_keeps_q_k_v_in_the_compute_dtype_and_splash_its_residua
     )(params["params"])
     for x, y in zip(*(jax.tree.leaves(g) for g in grads), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.extended  # ~10 s; make test checks the fused kernel (test_splash_attention)
+def test_the_fused_splash_backward_under_save_attend_qkv_out_gives_remat_nones_gradient():
+    """One splash backward kernel (`splash_fused_backward`, phase 1 of modernbert_base_tpu.py)
+    reads the residuals `save_attend_qkv_out` keeps as the two-kernel backward does: the same
+    gradient as nothing recomputed and as the two-kernel backward, bit for bit."""
+    config = MODERN.replace(
+        dtype="bfloat16", max_position_embeddings=128, attention_implementation="splash"
+    )
+    ids = jnp.asarray(np.random.default_rng(0).integers(1, 96, (1, 128)))
+    params = jax.jit(BertModel(config, add_pooling_layer=False).init)(jax.random.key(0), ids)
+
+    def grad(policy, fused):
+        changes = dict(remat_policy=policy, splash_fused_backward=fused)
+        model = BertModel(config.replace(**changes), add_pooling_layer=False)
+        loss = lambda p: jnp.sum(jnp.sin(model.apply({"params": p}, ids).sequence_output))  # noqa: E731
+        return jax.tree.leaves(jax.jit(jax.grad(loss))(params["params"]))
+
+    fused_none, fused_kept = grad("none", True), grad("save_attend_qkv_out", True)
+    for x, y in zip(fused_none, fused_kept, strict=True):
+        np.testing.assert_array_equal(x, y)
+    # one key tile at T = 128: the fused kernel's dq is the dq kernel's sum, no partials
+    for x, y in zip(fused_kept, grad("none", False), strict=True):
+        np.testing.assert_array_equal(x, y)
