@@ -111,13 +111,13 @@ def test_local_runs_never_import_tensorflow(small_file, tmp_path):
 def test_urls_go_through_tf_io_gfile(small_file, tmp_path):
     """file:// URLs take the tf.io.gfile path (as gs:// would): vocab, records, stats JSON."""
     (tmp_path / "local").mkdir()
-    local = create_pretraining_data(_options(tmp_path / "local", small_file, dupe_factor=2))
+    local = create_pretraining_data(_options(tmp_path / "local", small_file, dupe_factor=1))
     output = f"file://{tmp_path}/url/out.tfrecord"
     stats = create_pretraining_data(
         _options(
             tmp_path,
             small_file,
-            dupe_factor=2,
+            dupe_factor=1,
             output_file=output,
             vocab_file="file://" + _minilm_vocab(),
         )
