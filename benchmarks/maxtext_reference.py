@@ -242,6 +242,9 @@ def show(row: dict) -> str:
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     peak = peak_flops(args.topology)
+    # Compile-only use of libtpu: another process holding its lockfile (a parallel compile)
+    # must not stop this one. Set before JAX starts.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     common = [f"compile_topology={args.topology}", "compile_topology_num_slices=1"]
     common += ["dataset_type=synthetic", "enable_checkpointing=False", "run_name=maxtext_ref"]
     overrides = common + args.overrides
