@@ -35,7 +35,9 @@ What it reads from the compiled step, per device (one v4 chip):
 - MaxText's own model FLOPs (`maxtext_utils.calculate_tflops_training_per_device`: 6 x
   parameters touched per token plus causal attention, i.e. half of T^2, as MaxText reports),
   and from them MFU = model FLOPs / (seconds x peak) and R = cost-model FLOPs / model FLOPs
-  (R < 1: something, e.g. a Pallas kernel without a cost estimate, is priced at zero).
+  (R < 1: something is priced at zero or once: a Pallas kernel without a cost estimate,
+  such as jax's splash, which MaxText uses unless `use_tokamax_splash=True`; or a loop
+  body, such as the logits under `num_vocab_tiling` > 1).
 
 The cost model prices a scanned layer stack's body once, so compile with scan_layers=False.
 For a model too big to compile unrolled in full, `--layers=2,4 --extrapolate_to=N` compiles
@@ -99,18 +101,14 @@ def peak_flops(topology: str) -> float:
 def compile_step(maxtext_dir: str, overrides: list[str]):
     """MaxText's train step for `overrides`, lowered and compiled for the topology in them,
     the way MaxText's train_compile.main does it (without saving). Returns (config, compiled)."""
-    sys.path.insert(0, os.path.join(maxtext_dir, "src"))
     import jax
     from flax.linen import partitioning as nn_partitioning
     from maxtext.configs import pyconfig
     from maxtext.trainers.pre_train import train, train_compile
     from maxtext.utils import maxtext_utils, sharding
 
-    # As train_compile.main: the RNG MaxText trains with, and its SPMD RNG flag.
+    # As train_compile.main: the RNG MaxText trains with.
     jax.config.update("jax_default_prng_impl", "unsafe_rbg")
-    os.environ["LIBTPU_INIT_ARGS"] = (
-        os.environ.get("LIBTPU_INIT_ARGS", "") + " --xla_tpu_spmd_rng_bit_generator_unsafe=true"
-    )
     base_yml = os.path.join(maxtext_dir, "src", "maxtext", "configs", "base.yml")
     config = pyconfig.initialize(["maxtext_reference", base_yml, *overrides])
     train_compile.validate_config(config)
@@ -243,8 +241,12 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     peak = peak_flops(args.topology)
     # Compile-only use of libtpu: another process holding its lockfile (a parallel compile)
-    # must not stop this one. Set before JAX starts.
+    # must not stop this one. Set before JAX starts, as train_compile.main's SPMD RNG flag.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ["LIBTPU_INIT_ARGS"] = (
+        os.environ.get("LIBTPU_INIT_ARGS", "") + " --xla_tpu_spmd_rng_bit_generator_unsafe=true"
+    )
+    sys.path.insert(0, os.path.join(args.maxtext_dir, "src"))
     common = [f"compile_topology={args.topology}", "compile_topology_num_slices=1"]
     common += ["dataset_type=synthetic", "enable_checkpointing=False", "run_name=maxtext_ref"]
     overrides = common + args.overrides
