@@ -215,12 +215,7 @@ def main(argv=None) -> None:
     from experiments.configs import continue_pretraining
 
     config = continue_pretraining.get_config(source_hf)
-    for key, value in overrides.items():
-        *parents, leaf = key.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[leaf] = value
+    config.update_from_flattened_dict(overrides)  # the run's --config.* flags, as it read them
     evals = _evals(continued)
     first, last = evals[0], evals[-1]
     checks = {}
