@@ -7,10 +7,11 @@ relevance judgements (qrels) by well-kept IR measures rather than code of ours.
 * `top_k`: exact search (no index, no approximation): `queries @ corpus.T` then
   `jax.lax.top_k`, the queries in batches of `batch_size` so that only a
   (batch_size, corpus size) block of scores exists at a time (1024 x 100k floats: 400 MB).
-  The product runs at `Precision.HIGHEST`: on a TPU a float32 matmul's default passes
-  through bfloat16, which reorders near ties. With a `mesh`, the corpus rows are split over
-  the mesh's `axes`; each device ranks its rows, and the devices' top k's are gathered and
-  ranked again, which is exact (any of the overall top k is in its own device's top k).
+  The product runs at `Precision.HIGHEST`: by default a float32 matmul passes through
+  bfloat16 on a TPU (TF32 on recent GPUs), which reorders near ties. With a `mesh`, the
+  corpus rows are split over the mesh's `axes`; each device ranks its rows, and the
+  devices' top k's are gathered and ranked again, which is exact (any of the overall top k
+  is in its own device's top k).
   Scores are inner products: L2-normalise both sides for cosine similarity. Equal scores
   come out lower corpus index first, as `lax.top_k` orders them.
 * `run_from_topk` turns indices into ir-measures' run (`{qid: {pid: score}}`), and
@@ -120,6 +121,7 @@ def top_k(
     if mesh is None:
         corpus_dev = jnp.asarray(corpus)
         search = functools.partial(_search, k=k)
+        place = jnp.asarray
     else:
         axes = tuple(axes)
         shards = math.prod(mesh.shape[a] for a in axes)
@@ -128,14 +130,15 @@ def top_k(
         padded[:rows] = corpus
         corpus_dev = jax.device_put(padded, NamedSharding(mesh, PartitionSpec(axes)))
         search = _sharded_search(mesh, axes, rows, per_shard, k)
+        place = functools.partial(jax.device_put, device=NamedSharding(mesh, PartitionSpec()))
     batch_size = max(1, min(batch_size, queries.shape[0]))
     all_scores, all_indices = [], []
     for start in range(0, queries.shape[0], batch_size):
         batch = queries[start : start + batch_size]
         size = batch.shape[0]
         if size < batch_size:  # one shape for every batch: one compilation
-            batch = np.concatenate([batch, np.zeros((batch_size - size, batch.shape[1]))])
-        scores, indices = search(jnp.asarray(batch, jnp.float32), corpus_dev)
+            batch = np.pad(batch, ((0, batch_size - size), (0, 0)))
+        scores, indices = search(place(batch), corpus_dev)
         all_scores.append(np.asarray(scores)[:size])
         all_indices.append(np.asarray(indices)[:size])
     if not all_scores:

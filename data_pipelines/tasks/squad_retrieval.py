@@ -170,8 +170,8 @@ def write_pairs_tsv(pairs: Iterable[Sequence[str]], path: str | os.PathLike) -> 
     count = 0
     with open(path + ".part", "w", encoding="utf-8", newline="\n") as f:
         for pair in pairs:
-            if len(pair) not in (2, 3):
-                raise ValueError(f"pair {count + 1}: {len(pair)} texts; expected 2 or 3")
+            if len(pair) not in (2, 3) or not all(text.strip() for text in pair):
+                raise ValueError(f"pair {count + 1}: {pair!r}: expected 2 or 3 non-empty texts")
             f.write("\t".join(text.translate(_CONTROL) for text in pair) + "\n")
             count += 1
     os.replace(path + ".part", path)
