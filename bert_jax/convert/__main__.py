@@ -4,6 +4,13 @@ as a Hugging Face directory or params-only Orbax (see the package docstring).
     python -m bert_jax.convert --input=uncased_L-12_H-768_A-12/bert_model.ckpt \
         --output=/tmp/bert-base-uncased-hf --format=hf
 
+--format=sentence-transformers writes the HF directory and the modules that make it a
+sentence-transformers model (`SentenceTransformer(output)` loads it): the pooling
+(--pooling, --normalize, --max_seq_length; by default those of the input, when it is a
+sentence-transformers directory or an `experiments.finetune_embeddings` checkpoint, else
+mean pooling, no normalisation and the model's positions up to 512). A
+sentence-transformers directory is also read as input (its Transformer module's weights).
+
 An "electra" pretraining workdir exports to HF as two models (`save_hf_electra`): the
 discriminator in --output (transformers' ElectraForPreTraining), the generator in
 <output>/generator (ElectraForMaskedLM); --format=orbax keeps the discriminator's encoder.
@@ -32,10 +39,24 @@ def _define_flags():
     flags.DEFINE_enum(
         "format",
         "hf",
-        ["hf", "orbax"],
+        ["hf", "orbax", "sentence-transformers"],
         "hf: config.json + model.safetensors "
-        "+ vocab.txt; orbax: params-only Orbax + config.json + vocab.txt.",
+        "+ vocab.txt; orbax: params-only Orbax + config.json + vocab.txt; "
+        "sentence-transformers: hf plus modules.json and the pooling config.",
     )
+    flags.DEFINE_enum(
+        "pooling", None, ["mean", "cls", "last"],
+        "sentence-transformers output: the pooling; default: the input's, else mean.",
+    )  # fmt: skip
+    flags.DEFINE_bool(
+        "normalize", None,
+        "sentence-transformers output: L2-normalise; default: the input's, else no.",
+    )  # fmt: skip
+    flags.DEFINE_integer(
+        "max_seq_length", None,
+        "sentence-transformers output: tokens per text; default: the input's, else the "
+        "model's positions up to 512.",
+    )  # fmt: skip
     flags.DEFINE_string(
         "bert_config_file",
         None,
@@ -59,6 +80,27 @@ def _define_flags():
         "Replace --output if it is an export (recognised by its files; never the input).",
     )
     return flags.FLAGS
+
+
+def _sentence_transformers_files(config) -> dict:
+    """The module files of --format=sentence-transformers: flags, else the input's own."""
+    from absl import flags
+
+    from bert_jax import embeddings
+    from bert_jax.convert import sentence_transformers
+
+    FLAGS = flags.FLAGS
+    found, where = embeddings.directory_settings(FLAGS.input) or ({}, "default")
+    pooling = embeddings.check_pooling(FLAGS.pooling or found.get("pooling") or "mean")
+    normalize = FLAGS.normalize if FLAGS.normalize is not None else bool(found.get("normalize"))
+    length = FLAGS.max_seq_length or found.get("max_seq_length")
+    length = length or min(512, config.max_position_embeddings)
+    if not 3 <= length <= config.max_position_embeddings:
+        raise SystemExit(f"convert: --max_seq_length={length} must be in [3, "
+                         f"max_position_embeddings={config.max_position_embeddings}]")  # fmt: skip
+    log.info("sentence-transformers modules: %s pooling%s, %d tokens (from %s)", pooling,
+             ", normalised" if normalize else "", length, "flags" if FLAGS.pooling else where)  # fmt: skip
+    return sentence_transformers.module_files(pooling, normalize, config.hidden_size, length)
 
 
 def main(argv) -> None:
@@ -86,7 +128,12 @@ def main(argv) -> None:
         check_output(FLAGS.output, FLAGS.overwrite, reads)
     except FileExistsError as error:
         raise SystemExit(f"convert: {error}") from None
-    log.info("Reading %s (%s)", FLAGS.input, detect_format(FLAGS.input))
+    from bert_jax.convert import sentence_transformers
+
+    source_dir = FLAGS.input
+    if (settings := sentence_transformers.read_settings(FLAGS.input)) is not None:
+        source_dir = settings.model_dir  # the Transformer module's HF directory
+    log.info("Reading %s (%s)", source_dir, detect_format(source_dir))
     electra = read_electra_train_state(FLAGS.input) if FLAGS.format == "hf" else None
     if electra is not None:
         config, generator, params, vocab_file = electra
@@ -101,14 +148,14 @@ def main(argv) -> None:
         print(f"wrote {FLAGS.output} (ELECTRA: the generator in {FLAGS.output}/generator)")
         return
     config, params, vocab_file = load_pretrained(
-        FLAGS.input, model="auto", config_file=FLAGS.bert_config_file
+        source_dir, model="auto", config_file=FLAGS.bert_config_file
     )
     vocab_file = FLAGS.vocab_file or vocab_file
     # A HF directory's tokenizer (ModernBERT's is tokenizer.json alone, without vocab.txt).
-    tokenizer = tokenizer_files(FLAGS.input)
+    tokenizer = tokenizer_files(source_dir)
     if vocab_file is None and not tokenizer:
         log.warning("No vocab.txt beside %s and no --vocab_file: none written", FLAGS.input)
-    if FLAGS.format == "hf":
+    if FLAGS.format in ("hf", "sentence-transformers"):
         save_hf(
             FLAGS.output,
             config,
@@ -117,6 +164,7 @@ def main(argv) -> None:
             tokenizer=tokenizer,
             do_lower_case=FLAGS.do_lower_case,
             overwrite=FLAGS.overwrite,
+            extra_json=_sentence_transformers_files(config) if FLAGS.format != "hf" else None,
         )
     else:
         config = config.replace(scan_layers=FLAGS.scan_layers)

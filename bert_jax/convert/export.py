@@ -108,9 +108,12 @@ def save_hf(
     tokenizer: Sequence[str] = (),
     do_lower_case: bool | None = None,
     overwrite: bool = False,
+    extra_json: Mapping[str, object] | None = None,
 ) -> str:
     """Writes config.json + model.safetensors (+ vocab.txt, the `tokenizer` files copied
-    under their names, tokenizer_config.json from `do_lower_case`).
+    under their names, tokenizer_config.json from `do_lower_case`, and `extra_json`: a
+    relative path -> content of JSON files written in the same directory, e.g. the
+    sentence-transformers modules of `sentence_transformers.module_files`).
 
     `transformers.BertForPreTraining.from_pretrained(output_dir)` loads it when `params`
     has MLM and NSP heads; an encoder alone is a BertModel, a fine-tuned head the
@@ -138,5 +141,10 @@ def save_hf(
         if do_lower_case is not None:
             with open(os.path.join(tmp, "tokenizer_config.json"), "w", encoding="utf-8") as f:
                 json.dump({"do_lower_case": do_lower_case, "tokenizer_class": "BertTokenizer"}, f)
+        for name, content in (extra_json or {}).items():
+            path = os.path.join(tmp, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(content, f, indent=2)
     log.info("Wrote %s (%s, %d tensors)", output_dir, arch, len(state))
     return output_dir

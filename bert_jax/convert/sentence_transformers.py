@@ -1,0 +1,132 @@
+"""The sentence-transformers directory layout: read its pooling, write it from our models.
+
+A sentence-transformers model directory is a pipeline of modules named in `modules.json`:
+a `Transformer` (a Hugging Face model directory, at the root or in a subfolder, with
+`sentence_bert_config.json` giving its max length), a `Pooling` (`<path>/config.json`:
+which of its `pooling_mode_*` is on) and optionally `Normalize` (L2, no files). Those three
+are what an embedding model of ours is (`bert_jax.embeddings.BertForEmbedding`); a pipeline
+with other modules (Dense projections, max pooling, ...) is refused by name rather than read
+as something it is not.
+
+`read_settings(dir)` gives the pooling, normalisation, max length and where the HF files
+are; `write_modules(tmp, ...)` writes the module files beside an HF export (`save_hf`
+writes the weights and tokenizer), so `SentenceTransformer(dir)` loads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from bert_jax.convert.names import ConversionError
+
+MODULES_FILE = "modules.json"
+_TRANSFORMER = "sentence_transformers.models.Transformer"
+_POOLING = "sentence_transformers.models.Pooling"
+_NORMALIZE = "sentence_transformers.models.Normalize"
+# Pooling config key -> our pooling name (bert_jax.embeddings.POOLINGS).
+_MODES = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_lasttoken": "last",
+}
+_UNSUPPORTED_MODES = (
+    "pooling_mode_max_tokens",
+    "pooling_mode_mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What a sentence-transformers directory says about its embeddings."""
+
+    pooling: str  # "mean" | "cls" | "last"
+    normalize: bool
+    max_seq_length: int | None  # sentence_bert_config.json's; None: the model's own
+    model_dir: str  # the Transformer module's HF directory
+
+
+def is_sentence_transformers(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, MODULES_FILE))
+
+
+def _json(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as error:
+        raise ConversionError(
+            f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
+        ) from None
+    except OSError as error:
+        raise ConversionError(f"{path}: cannot be read ({error.strerror})") from None
+
+
+def _inside(root: str, relative: str, what: str) -> str:
+    """`root/relative`, refused when `relative` leaves `root` (absolute, `..`, a link out)."""
+    path = os.path.realpath(os.path.join(root, relative))
+    base = os.path.realpath(root)
+    if os.path.isabs(relative) or os.path.commonpath([path, base]) != base:
+        raise ConversionError(f"{what}: path {relative!r} is outside {root}")
+    return path
+
+
+def read_settings(path: str) -> Settings | None:
+    """The settings of the sentence-transformers directory `path`; None if it is none."""
+    if not is_sentence_transformers(path):
+        return None
+    modules_file = os.path.join(path, MODULES_FILE)
+    modules = _json(modules_file)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ConversionError(f"{modules_file}: expected a list of module entries")
+    kinds = [m.get("type", "") for m in modules]
+    unknown = [k for k in kinds if k not in (_TRANSFORMER, _POOLING, _NORMALIZE)]
+    if unknown or kinds[:2] != [_TRANSFORMER, _POOLING] or len(kinds) > 3:
+        raise ConversionError(
+            f"{modules_file}: modules {kinds} are not Transformer, Pooling[, Normalize]; "
+            f"only that pipeline is read here (not {unknown or 'this order'})"
+        )
+    model_dir = _inside(path, modules[0].get("path", ""), modules_file)
+    pooling_dir = _inside(path, modules[1].get("path", ""), modules_file)
+    pooling_file = os.path.join(pooling_dir, "config.json")
+    pooling_config = _json(pooling_file)
+    on = [key for key, value in pooling_config.items() if key.startswith("pooling_mode_") and value]
+    if len(on) != 1 or on[0] in _UNSUPPORTED_MODES or on[0] not in _MODES:
+        raise ConversionError(
+            f"{pooling_file}: pooling {on or 'none'} is not supported; exactly one of "
+            f"{', '.join(_MODES)} must be true"
+        )
+    max_length = None
+    st_config = os.path.join(model_dir, "sentence_bert_config.json")
+    if os.path.isfile(st_config):
+        max_length = _json(st_config).get("max_seq_length")
+    return Settings(_MODES[on[0]], _NORMALIZE in kinds, max_length, model_dir)
+
+
+def module_files(
+    pooling: str, normalize: bool, hidden_size: int, max_seq_length: int
+) -> dict[str, object]:
+    """The JSON files (relative path -> content) that make an HF export a
+    sentence-transformers directory with the Transformer at its root."""
+    modes = {key: False for key in (*_MODES, *_UNSUPPORTED_MODES)}
+    modes[{v: k for k, v in _MODES.items()}[pooling]] = True
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": _POOLING},
+    ]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": _NORMALIZE})
+    return {
+        MODULES_FILE: modules,
+        # do_lower_case here is sentence-transformers' own extra lower-casing, off: the
+        # tokenizer (tokenizer_config.json) does what the vocabulary needs.
+        "sentence_bert_config.json": {"max_seq_length": max_seq_length, "do_lower_case": False},
+        "1_Pooling/config.json": {
+            "word_embedding_dimension": hidden_size,
+            **modes,
+            "include_prompt": True,
+        },
+        "config_sentence_transformers.json": {"similarity_fn_name": "cosine"},
+    }
