@@ -64,6 +64,13 @@ def make_manager(
         async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
     )
     directory = os.fspath(directory)
+    if create:  # Orbax globs its own files: under a pattern it finds none, and no index
+        from data_pipelines import paths
+
+        try:
+            paths.check_no_glob(directory, "checkpoint directory")
+        except paths.GlobCharactersError as error:
+            raise CheckpointError(str(error)) from None
     if "://" not in directory:  # Orbax refuses relative local paths
         directory = os.path.abspath(directory)
         if create:
@@ -513,26 +520,46 @@ def _complete_steps(path: str) -> list[int]:
         return []
 
 
-class PreemptionWatcher:
-    """Notices SIGTERM (what a TPU VM gets before maintenance or preemption).
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run after the checkpoint of the step it was on landed; the message
+    names the step and the directory (a `KeyboardInterrupt`, so nothing catches it as an
+    error on its way out)."""
 
-    Single process: a Python signal handler sets a flag. Multi-process: JAX's preemption
-    sync service (started by `jax.distributed.initialize`) agrees on one step for all
-    processes; Orbax's `reached_preemption` asks it.
+
+class PreemptionWatcher:
+    """Notices SIGTERM (what a TPU VM gets before maintenance or preemption) and the first
+    Ctrl-C (SIGINT): the run saves at the step boundary and stops.
+
+    Single process: a Python signal handler sets a flag; the first SIGINT also puts Python's
+    own handler back, so a second Ctrl-C raises KeyboardInterrupt at once (the save in
+    flight, if any, still lands). Multi-process: JAX's preemption sync service (started by
+    `jax.distributed.initialize`) agrees on one step for all processes; Orbax's
+    `reached_preemption` asks it (SIGINT keeps its default there).
     """
 
     def __init__(self, manager):
         self._manager = manager
         self._event = threading.Event()
+        self.signal_name: str | None = None  # "SIGTERM" or "SIGINT" once one arrived
+        self._previous = {}
         if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        else:
-            self._previous = None
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._on_signal)
 
-    def _on_sigterm(self, signum, frame):
-        del signum, frame
-        # No word of a checkpoint yet: the loop says so once the save has landed.
-        logging.warning("SIGTERM received: stopping after the current step")
+    def _on_signal(self, signum, frame):
+        del frame
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            # A second Ctrl-C is Python's: KeyboardInterrupt wherever the run is.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            logging.warning(
+                "Ctrl-C (SIGINT) received: saving a checkpoint after the current step, then "
+                "stopping; Ctrl-C again to stop at once without it"
+            )
+        else:
+            # No word of a checkpoint yet: the loop says so once the save has landed.
+            logging.warning("SIGTERM received: stopping after the current step")
+        self.signal_name = self.signal_name or name
         self._event.set()
 
     def should_stop(self, step: int) -> bool:
@@ -541,9 +568,9 @@ class PreemptionWatcher:
         return self._event.is_set()
 
     def close(self):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
 
 
 def tf_io_isdir(path: str) -> bool:

@@ -12,6 +12,8 @@ from typing import Any
 from bert_jax.mesh_shape import MESH_AXES
 
 SEED_MAX = 2**63 - 1  # numpy's and JAX's seeds are 64-bit
+# Step counts: the train state's step is an int32 (a larger count overflows it).
+STEP_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +114,9 @@ _WORDS = {
 
 
 def _fmt(number: float) -> str:
-    return "2**63 - 1" if number == SEED_MAX else f"{number:g}"
+    if number == SEED_MAX:
+        return "2**63 - 1"
+    return "2**31 - 1" if number == STEP_MAX else f"{number:g}"
 
 
 def _mesh_ok(value: Any) -> bool:

@@ -7,11 +7,14 @@ Each script (`experiments/finetune_*.py`) keeps its own loss (made a train step 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -137,6 +140,7 @@ def load_task_model(config: ml_collections.ConfigDict, module: nn.Module) -> Tas
             f"no vocab.txt, tokenizer.json or .model beside {config.init_from}; set "
             "--config.vocab_file"
         )
+    check_seq_length(config.get("max_seq_length"), bert_config, config.init_from)
     tokenizer = load_tokenizer(vocab_file, do_lower_case=config.do_lower_case)
     if tokenizer.vocab_size > bert_config.vocab_size:
         raise ValueError(f"{vocab_file} has {tokenizer.vocab_size} tokens > the model's "
@@ -153,6 +157,23 @@ def load_task_model(config: ml_collections.ConfigDict, module: nn.Module) -> Tas
             config.get("allow_vocab_change", False),  # configs older than the key: refused
         )
     return TaskModel(module, bert_config, params, tokenizer, vocab_file, init_step)
+
+
+def check_seq_length(max_seq_length: int | None, bert_config: BertConfig, source: str) -> None:
+    """Refuses a `max_seq_length` past the learned position table of the encoder (a Flax
+    shape error deep in the first step otherwise), naming the flag and both numbers.
+
+    Raises:
+        ConfigError: `--config.max_seq_length` > the encoder's `max_position_embeddings`.
+    """
+    from bert_jax.config import ConfigError
+
+    positions = bert_config.max_position_embeddings
+    if max_seq_length and bert_config.position_encoding == "learned" and max_seq_length > positions:
+        raise ConfigError(
+            f"--config.max_seq_length={max_seq_length} is past the {positions} positions the "
+            f"encoder in {source} has (max_position_embeddings): give at most {positions}"
+        )
 
 
 OPTIMIZERS = ("adamw", "adamw_bias_corrected")  # a fine-tuning config's `optimizer`
@@ -437,11 +458,16 @@ def save_finetuned(
 
     The directory is a params-only Orbax checkpoint (`convert.save_params`: `params/`,
     `config.json`, `vocab.txt`) plus `finetuned.json` holding `metadata` (the task, its
-    labels, `num_outputs`, ...). Everything is written under a temporary name and renamed
-    when complete, replacing an older checkpoint there.
+    labels, `num_outputs`, ...). Everything is written under one temporary name beside it
+    and renamed when complete, replacing an older checkpoint there (a kill leaves only that
+    temporary, which the next save removes).
     """
+    from bert_jax.convert import readers
+
+    readers.check_orbax_output(directory)
+    convert.check_vocab(vocab_file, config)
     with convert.writing_dir(directory, overwrite=True) as tmp:
-        convert.save_params(tmp, config, params, vocab_file=vocab_file, overwrite=True)
+        readers.write_params(tmp, config, params, vocab_file=vocab_file)
         write_json(os.path.join(tmp, FINETUNED_FILE), metadata)
     log.info("Saved the fine-tuned model to %s", directory)
     return directory
@@ -468,3 +494,82 @@ def load_finetuned(directory: str) -> tuple[BertConfig, Any, str | None, dict]:
         metadata = json.load(f)
     config, params, vocab_file = convert.load_params(directory)
     return config, params, vocab_file, metadata
+
+
+# --- SIGTERM and Ctrl-C ------------------------------------------------------------------
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or Ctrl-C stopped a fine-tuning run (`stopping_on_signals`); `outcome` says
+    what of its results was saved."""
+
+    def __init__(self, signum: int, outcome: str = ""):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.outcome = outcome or (
+            "during training: nothing of this run was saved (a fine-tuning run writes its "
+            "model and final metrics at its end); rerun it"
+        )
+
+
+class _FinalSave(threading.local):
+    active = False  # inside `final_save`: a first signal waits for the save
+    pending: int | None = None
+
+
+_FINAL_SAVE = _FinalSave()
+
+
+def _on_signal(signum, frame):
+    del frame
+    if _FINAL_SAVE.active and _FINAL_SAVE.pending is None:
+        _FINAL_SAVE.pending = signum
+        log.warning(
+            "%s during the final save: it completes first (%s again undoes it and stops at once)",
+            signal.Signals(signum).name,
+            signal.Signals(signum).name,
+        )
+        return
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stopping_on_signals(tool: str) -> Iterator[None]:
+    """SIGTERM (a preempted VM's notice) and Ctrl-C stop a fine-tuning run with one line
+    saying what was saved, exit code 128 + the signal: during training nothing (the run
+    saves at its end), during `final_save` the save first completes (a second signal undoes
+    it instead). Only in the main thread (signal handlers live there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    except Stopped as stopped:
+        message = f"{tool}: stopped by {signal.Signals(stopped.signum).name} {stopped.outcome}"
+        log.error("%s", message)
+        raise SystemExit(128 + stopped.signum) from None
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def final_save(what: str) -> Iterator[None]:
+    """The end of a run that saves (`what`: its checkpoint and metrics.json): a SIGTERM or
+    Ctrl-C that arrives inside lets it complete, then stops the run saying so; a second
+    one stops it at once, the save undone (`convert.writing_dir` removes its temporary, the
+    old checkpoint stays), and says that."""
+    _FINAL_SAVE.active, _FINAL_SAVE.pending = True, None
+    try:
+        yield
+    except Stopped as stopped:
+        stopped.outcome = (
+            f"during the final save, which was undone: {what} hold what they held before"
+        )
+        raise
+    finally:
+        _FINAL_SAVE.active = False
+    pending, _FINAL_SAVE.pending = _FINAL_SAVE.pending, None
+    if pending is not None:
+        raise Stopped(pending, f"during the final save, which completed first: {what} are written")

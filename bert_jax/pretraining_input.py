@@ -176,6 +176,32 @@ def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
     )
 
 
+def check_eval_apart(config) -> None:
+    """Refuses `data.train_files` and `data.eval_files` that match the same file (by real
+    path: `records/*` matches the held-out records too), naming it, unless
+    `data.allow_eval_in_train`: the held-out loss would be measured on training data.
+
+    Raises:
+        ConfigError: naming the file and both keys.
+    """
+    from bert_jax.config import ConfigError
+    from data_pipelines import input_pipeline
+
+    data = config.data
+    if not data.eval_files or data.get("allow_eval_in_train", False):
+        return
+    train = {os.path.realpath(f): f for f in input_pipeline.list_files(data.train_files)}
+    shared = [f for f in input_pipeline.list_files(data.eval_files) if os.path.realpath(f) in train]
+    if shared:
+        raise ConfigError(
+            f"--config.data.train_files={data.train_files!r} and --config.data.eval_files="
+            f"{data.eval_files!r} both match {shared[0]}"
+            f"{f' (and {len(shared) - 1} more)' if len(shared) > 1 else ''}: the held-out "
+            "records would be trained on. Narrow the patterns, or set "
+            "--config.data.allow_eval_in_train=True if this is meant"
+        )
+
+
 def make_input(config, position, *, files, seed, mask_config, num_streams=None):
     """The stream of `files` as `config` reads it, refusing records made with another
     vocabulary than `data.vocab_file` (their stats JSON's fingerprint; unless

@@ -144,6 +144,33 @@ def peak_flops_per_device(dtype: str = "float32") -> float:
     return float("nan")
 
 
+class MetricsPathError(OSError):
+    """`metrics.jsonl` or `tensorboard/` in a workdir cannot be written; names the path."""
+
+
+def check_metrics_paths(workdir: str) -> None:
+    """Refuses a workdir whose `metrics.jsonl` or `tensorboard/` cannot be written (a
+    directory where the file goes, a file where the directory goes, no write permission):
+    found at the start of a run, not by the first metrics after the compile.
+
+    Raises:
+        MetricsPathError: naming the path and what is wrong with it.
+    """
+    if "://" in os.fspath(workdir):
+        return  # an object store: no local modes to look at
+    checks = (
+        (os.path.join(workdir, "metrics.jsonl"), os.path.isfile, "a directory or other non-file"),
+        (os.path.join(workdir, "tensorboard"), os.path.isdir, "a file, not a directory"),
+    )
+    for path, right_kind, wrong in checks:
+        if not os.path.lexists(path):
+            continue
+        if not right_kind(path):
+            raise MetricsPathError(f"{path} is {wrong}: the run could not write its metrics there")
+        if not os.access(path, os.W_OK):
+            raise MetricsPathError(f"{path} is not writable: the run could not write its metrics")
+
+
 class MetricsWriter:
     """Appends scalars to `<workdir>/metrics.jsonl` and TensorBoard events (process 0).
 

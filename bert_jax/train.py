@@ -23,8 +23,6 @@ same. `check_objective` names the config key of a combination that cannot work.
 from __future__ import annotations
 
 import functools
-import json
-import os
 from typing import Any, NamedTuple
 
 import jax
@@ -124,22 +122,15 @@ def check_records_kind(config: ml_collections.ConfigDict) -> None:
     Raises:
         ConfigError: config.objective "mlm_nsp" with records a stats JSON calls single segments.
     """
-    import tensorflow as tf
-
     from data_pipelines import input_pipeline
 
     name = objective(config)
-    # The stats sit beside a run's first shard: one look per directory, not one per shard
-    # (thousands of them in a bucket).
-    firsts = {}
-    for path in input_pipeline.list_files(config.data.train_files):
-        firsts.setdefault(os.path.dirname(path), path)
-    for path in firsts.values():
-        stats_path = path + tfrecord_files.STATS_SUFFIX
-        if not tf.io.gfile.exists(stats_path):
-            continue
-        with tf.io.gfile.GFile(stats_path) as f:
-            pairs = json.load(f).get("next_sentence", True)  # older stats: always pairs
+    # The stats of every set a file belongs to (one glob per directory, not one look per
+    # shard: thousands of them in a bucket).
+    stats, _ = tfrecord_files.stats_of(input_pipeline.list_files(config.data.train_files))
+    for stats_path, contents in stats.items():
+        path = stats_path.removesuffix(tfrecord_files.STATS_SUFFIX)
+        pairs = contents.get("next_sentence", True)  # older stats: always pairs
         if name == "mlm_nsp" and not pairs:
             raise ConfigError(
                 f"config.objective='mlm_nsp' trains next sentence prediction, but {path} holds "

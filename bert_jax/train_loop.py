@@ -34,15 +34,20 @@ from bert_jax.config import ConfigError
 from bert_jax.heads import BertForPreTraining
 from bert_jax.model_changes import MISSING, ModelChangeError, model_changes
 from bert_jax.train_state import StepHealth, run_keys, sharded_state
+from data_pipelines import vocab_fingerprint
 
 
-def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng):
+def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng, config=None):
     """Params for `init_from`: our checkpoint dir, a TF checkpoint or a HF directory.
 
     Heads the source lacks (a "mlm" or "ltr" checkpoint has no pooler or NSP head, which a
-    "mlm_nsp" run needs) are initialised from `rng`, each named in the log.
+    "mlm_nsp" run needs) are initialised from `rng`, each named in the log. Our checkpoint's
+    vocabulary fingerprint (saved with it) must be the run's `data.vocab_file`'s unless
+    `data.allow_vocab_change`.
     """
     if checkpointing.is_checkpoint_dir(path):
+        if config is not None:
+            _check_init_vocab(path, config)
         missing = checkpointing.missing_params(path, abstract_params)
         if not missing:
             params, _ = checkpointing.restore_params(path, abstract_params)
@@ -57,6 +62,21 @@ def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng
 
     _, params, _ = convert.load_pretrained(path, config=model.config, model=model, rng=rng)
     return params
+
+
+def _check_init_vocab(path: str, config) -> None:
+    """`init_from`'s embedding rows are ids of the vocabulary saved with it: another
+    `data.vocab_file` is refused, naming both (`data.allow_vocab_change` lets it through)."""
+    found = checkpointing.find_checkpoints(path)
+    manager = checkpointing.make_manager(found[0], async_save=False, create=False)
+    made_with = checkpointing.saved_config(manager, found[1]).get("vocab_fingerprint")
+    vocab_fingerprint.check_same_vocab(
+        made_with,
+        config.data.vocab_file,
+        f"config.init_from={path}",
+        "data.allow_vocab_change",
+        config.data.get("allow_vocab_change", False),
+    )
 
 
 def _restore(
@@ -203,6 +223,8 @@ def _roll_back(spike, history, config, run, manager, mask_config, workdir):
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Pretrains as `config` says, checkpointing into `workdir`; returns the last metrics."""
+    if jax.process_index() == 0:  # what the run writes, named before anything compiles
+        telemetry.check_metrics_paths(workdir)
     built = _build(config)
     state, position, source = _restore_or_start(config, workdir, built)
     checkpointing.check_steps_left(int(state.step), config, source)  # a finished workdir
@@ -231,6 +253,7 @@ def _build(config: ml_collections.ConfigDict) -> _Built:
     mesh = sharding.create_mesh(config.mesh_shape)
     run = train.setup(config, mesh, tokenizer.vocab_size)  # checks the objective's config keys
     train.check_records_kind(config)
+    pretraining_input.check_eval_apart(config)
     if run.model_config.vocab_size < tokenizer.vocab_size:
         raise ValueError(
             f"config.model.vocab_size {run.model_config.vocab_size} < {tokenizer.vocab_size} "
@@ -266,7 +289,9 @@ def _restore_or_start(config, workdir: str, built: _Built):
     if config.init_from:
         abstract_params = run.abstract_state.params
         state, _ = born(
-            params=_load_init_params(config.init_from, run.model, abstract_params, built.init_rng)
+            params=_load_init_params(
+                config.init_from, run.model, abstract_params, built.init_rng, config
+            )
         )
         return state, None, f"init_from {config.init_from} (params only)"
     state, _ = born(rng=built.init_rng)
@@ -294,7 +319,12 @@ class _Pretraining:
         # The streams the pipeline deals (a config's None: the saved position's, else the
         # process count), so a resume that names another count is refused.
         identity = built.identity | {"num_streams": self.train_data.spec.num_streams}
-        self.config_json = checkpointing.config_to_json(config) | {"data_identity": identity}
+        self.config_json = checkpointing.config_to_json(config) | {
+            "data_identity": identity,
+            # Which vocabulary the embedding rows are ids of: what `convert`, `init_from` and
+            # fine-tuning compare the vocab file they are given (or find) with.
+            "vocab_fingerprint": vocab_fingerprint.fingerprint(config.data.vocab_file),
+        }
         self.flops = train.flops_per_step(config, run.model_config)
         self.peak = telemetry.peak_flops_per_device(run.model_config.dtype) * jax.device_count()
         guard = config.get("rollback")  # configs older than the block: none
@@ -338,7 +368,8 @@ class _Pretraining:
 
     def _train_one_step(self, trace: _StepTrace) -> bool:
         """One step, then its logging, evaluation and checkpoint; True when SIGTERM stops
-        the run (after its checkpoint landed)."""
+        the run (after its checkpoint landed). The first Ctrl-C saves the same way, then
+        raises `checkpointing.Interrupted`."""
         config, manager, run = self.config, self.manager, self.built.run
         self.step += 1
         step = self.step
@@ -369,11 +400,13 @@ class _Pretraining:
             self.saving = True
         if stopping:
             checkpointing.finish_saves(manager)  # claim the checkpoint once it landed
-            logging.warning(
-                "stopped by SIGTERM after step %d (checkpoint saved in %s)",
-                step,
-                manager.directory,
+            name = self.watcher.signal_name or "SIGTERM"  # multi-process: the sync service's
+            message = (
+                f"stopped by {name} after step {step} (checkpoint saved in {manager.directory})"
             )
+            logging.warning("%s", message)
+            if name == "SIGINT":  # Ctrl-C: the process ends non-zero, the step saved
+                raise checkpointing.Interrupted(message)
         return stopping
 
     def _log(self, step: int) -> bool:

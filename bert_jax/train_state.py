@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -95,7 +96,43 @@ def state_shardings(
     unboxed, shardings = nn.unbox(abstract), nn.unbox(sharding.shardings_of(abstract, mesh, rules))
     if shard_update:
         shardings = sharding.update_shardings(unboxed, shardings, rules, spread)
+    check_divisible(unboxed, shardings, mesh)
     return unboxed, shardings
+
+
+def check_divisible(abstract, shardings, mesh: jax.sharding.Mesh) -> None:
+    """Refuses a mesh that cannot split a weight as its sharding says (jax's
+    `IndivisibleError` at the compile names no key), naming the weight, its shape and the
+    mesh axes, before anything compiles.
+
+    Raises:
+        ConfigError: naming `mesh_shape`, the weight and the dimension.
+    """
+    from bert_jax.config import ConfigError
+
+    bad = []
+
+    def check(path, leaf, placed):
+        spec = getattr(placed, "spec", None) or ()
+        for dim, axes in enumerate(spec[: len(leaf.shape)]):
+            names = axes if isinstance(axes, tuple) else (axes,) if axes else ()
+            parts = math.prod(mesh.shape[a] for a in names)
+            if names and leaf.shape[dim] % parts:
+                bad.append((path, leaf.shape, dim, names, parts))
+
+    jax.tree_util.tree_map_with_path(check, abstract, shardings)
+    if bad:
+        path, shape, dim, names, parts = bad[0]
+        name = "/".join(
+            str(next((getattr(k, a) for a in ("name", "key", "idx") if hasattr(k, a)), k))
+            for k in path
+        )
+        raise ConfigError(
+            f"--config.mesh_shape={tuple(mesh.devices.shape)} cannot split {name} (shape "
+            f"{tuple(shape)}): its dimension {dim} of {shape[dim]} over mesh axes "
+            f"{'x'.join(names)} = {parts} devices ({len(bad)} weight(s) alike); choose a "
+            "mesh whose axes divide it"
+        )
 
 
 def sharded_state(

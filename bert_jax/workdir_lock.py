@@ -34,7 +34,11 @@ from absl import logging
 LOCK_FILE = "run.lock"
 
 
-class WorkdirLockedError(RuntimeError):
+class WorkdirError(RuntimeError):
+    """A workdir a run cannot use: its name holds glob characters, or it cannot be written."""
+
+
+class WorkdirLockedError(WorkdirError):
     """Another run holds the workdir; the message names it, its pid and host."""
 
 
@@ -81,6 +85,8 @@ def acquire(workdir: str, command: str = "") -> Held | None:
 
     Raises:
         WorkdirLockedError: another live run holds it, or a run on another host left it.
+        WorkdirError: its path holds glob characters (`data_pipelines.paths.check_no_glob`),
+            or it cannot be written.
     """
     workdir = os.fspath(workdir)
     if "://" in workdir:
@@ -90,10 +96,22 @@ def acquire(workdir: str, command: str = "") -> Held | None:
             workdir,
         )
         return None
+    from data_pipelines import paths
+
+    try:  # Orbax would write checkpoints there that no run can read back
+        paths.check_no_glob(workdir, "--workdir")
+    except paths.GlobCharactersError as error:
+        raise WorkdirError(str(error)) from None
     made = not os.path.isdir(workdir)
-    os.makedirs(workdir, exist_ok=True)
-    held = Held(workdir, -1, made)
     path = os.path.join(workdir, LOCK_FILE)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+    except OSError as error:  # read-only, a file where the directory should be, no space
+        raise WorkdirError(
+            f"cannot write to --workdir={workdir}: {error.strerror or error} ({path})"
+        ) from None
+    held = Held(workdir, -1, made)
     host = socket.gethostname()
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -175,7 +193,7 @@ def hold_or_exit(workdir: str, command: str) -> Iterator[None]:
     """`hold` for an entry point's main: a refusal exits with its one-line message."""
     try:
         held = acquire(workdir, command)
-    except WorkdirLockedError as error:
+    except WorkdirError as error:
         raise SystemExit(f"{command}: {error}") from None
     try:
         yield
@@ -187,6 +205,6 @@ def hold_until_exit(workdir: str, command: str) -> None:
     """`hold_or_exit` for the rest of the process (released at interpreter exit)."""
     try:
         held = acquire(workdir, command)
-    except WorkdirLockedError as error:
+    except WorkdirError as error:
         raise SystemExit(f"{command}: {error}") from None
     atexit.register(release, held)

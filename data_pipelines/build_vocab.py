@@ -37,7 +37,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
-from data_pipelines import corpora
+from data_pipelines import corpora, paths
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +234,25 @@ def _write_json(path: str, value: dict) -> None:
     os.replace(path + ".incomplete", path)
 
 
+def check_output_is_not_input(input_file: str, output_file: str) -> None:
+    """Refuses an `output_file` (or the `.vocab` a sentencepiece `.model` comes with) that is
+    one of the corpus files, by real path (`paths.check_not_an_input`).
+
+    Raises:
+        paths.OutputIsInputError: naming the output and the input.
+    """
+    inputs = [p.strip() for p in input_file.split(",") if p.strip()]
+    try:
+        inputs += corpora.expand_input_patterns(input_file)
+    except FileNotFoundError:  # said when the corpus is read
+        pass
+    outputs = [output_file]
+    if output_file.endswith(".model"):
+        outputs.append(output_file[: -len(".model")] + ".vocab")
+    for output in outputs:
+        paths.check_not_an_input(output, inputs)
+
+
 def build_vocab(
     input_file: str,
     output_file: str,
@@ -253,6 +272,7 @@ def build_vocab(
         raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {model_type!r}")
     if num_unused < 0:
         raise ValueError(f"--num_unused must be >= 0, got {num_unused}")
+    check_output_is_not_input(input_file, output_file)  # before the corpus is read
     directory = os.path.dirname(output_file)
     if directory:
         os.makedirs(directory, exist_ok=True)
@@ -282,14 +302,17 @@ def main(argv: list[str]) -> None:
 
     f = flags.FLAGS
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    counts = build_vocab(
-        f.input_file,
-        f.output_file,
-        vocab_size=f.vocab_size,
-        do_lower_case=f.do_lower_case,
-        num_unused=f.num_unused,
-        model_type=f.model_type,
-    )
+    try:
+        counts = build_vocab(
+            f.input_file,
+            f.output_file,
+            vocab_size=f.vocab_size,
+            do_lower_case=f.do_lower_case,
+            num_unused=f.num_unused,
+            model_type=f.model_type,
+        )
+    except paths.OutputIsInputError as error:
+        raise SystemExit(f"build_vocab: {error}") from None
     log.info("wrote %s: %s", f.output_file, counts)
 
 

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob as globlib
 import gzip
 import io
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
+
+from data_pipelines import paths
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,11 @@ def expand_input_patterns(patterns: str | Sequence[str]) -> list[str]:
         if not pattern:
             continue
         matches = sorted(_glob(pattern))
+        if not matches and not _is_remote(pattern) and os.path.isdir(pattern):
+            raise FileNotFoundError(
+                f"--input_file {pattern!r} is a directory: name its files "
+                f"(e.g. {os.path.join(pattern, '*.txt')!r})"
+            )
         if not matches:
             raise FileNotFoundError(f"--input_file pattern {pattern!r} matches no file")
         for path in matches:
@@ -119,11 +125,13 @@ def _is_remote(path: str) -> bool:
 
 
 def _glob(pattern: str) -> list[str]:
+    """The files `pattern` names; an existing file's name is taken literally (brackets and
+    all: `paths.literal_or_glob`)."""
     if _is_remote(pattern):
         import tensorflow as tf
 
-        return tf.io.gfile.glob(pattern)
-    return [p for p in globlib.glob(pattern, recursive=True) if os.path.isfile(p)]
+        return paths.literal_or_glob(pattern, tf.io.gfile.glob)
+    return [p for p in paths.literal_or_glob(pattern) if os.path.isfile(p)]
 
 
 @contextlib.contextmanager

@@ -59,6 +59,7 @@ from data_pipelines import (
     corpora,
     embedded_corpora,
     instances,
+    paths,
     tfrecord_files,
     vocab_fingerprint,
 )
@@ -127,6 +128,29 @@ def iter_chunks(
         yield current
 
 
+def check_outputs_are_not_inputs(options: Options) -> None:
+    """Refuses output shards (or their stats JSON) that are an input file, the vocabulary
+    or a word segmentation file, by real path (`paths.check_not_an_input`).
+
+    Raises:
+        paths.OutputIsInputError: naming the output and the input.
+    """
+    inputs = [options.vocab_file]
+    for pattern in (p.strip() for p in options.input_file.split(",")):
+        if not pattern or pattern.startswith(_TFDS_PREFIX):
+            continue
+        try:
+            files = corpora.expand_input_patterns(pattern)
+        except FileNotFoundError:  # said when the input is read
+            files = []
+        inputs += [pattern, *files]
+        if options.word_boundary_files:
+            inputs += [f + corpora.WORDS_SUFFIX for f in files]
+    outputs = tfrecord_files.shard_paths(options.output_file, options.num_output_shards)
+    for output in [*outputs, outputs[0] + tfrecord_files.STATS_SUFFIX]:
+        paths.check_not_an_input(output, inputs)
+
+
 def create_pretraining_data(options: Options) -> dict[str, Any]:
     """Runs the whole conversion and writes the records and the stats JSON.
 
@@ -149,6 +173,7 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
     from data_pipelines import tokenization
 
     options.validate()
+    check_outputs_are_not_inputs(options)  # before any input is read
     started = time.perf_counter()
     # Fails early on a bad vocabulary (before any output is opened or input read).
     tokenizer = tokenization.load_tokenizer(options.vocab_file, do_lower_case=options.do_lower_case)
@@ -478,7 +503,7 @@ def main(argv: list[str]) -> None:
 
     try:
         stats = create_pretraining_data(options)
-    except (corpora.UndecodableInputError, VocabError) as error:
+    except (corpora.UndecodableInputError, VocabError, paths.OutputIsInputError) as error:
         # Not a bug to trace: one line naming the file (no output was written).
         raise SystemExit(f"create_pretraining_data: {error}") from None
     except _Terminated:

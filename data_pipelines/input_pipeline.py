@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from data_pipelines import masking, packing, records, tfrecord_files, tfrecord_framing
+from data_pipelines import masking, packing, paths, records, tfrecord_files, tfrecord_framing
 from data_pipelines.input_streams import (
     PipelineSpec,
     StreamIterator,
@@ -62,7 +62,10 @@ def list_files(file_patterns: str | Sequence[str]) -> list[str]:
         raise FileNotFoundError("no input file pattern given")
     files = set()
     for pattern in patterns:
-        matched = [f for f in tf.io.gfile.glob(pattern) if not tfrecord_files.is_temporary(f)]
+        # A pattern that names an existing file (or a directory of that very name, brackets
+        # and all) is taken literally.
+        found = paths.literal_or_glob(pattern, tf.io.gfile.glob)
+        matched = [f for f in found if not tfrecord_files.is_temporary(f)]
         # The stats JSONs are skipped here by name rather than renamed where no pattern
         # reaches them: the directories already written (ours, and `make demo`'s) keep
         # `<first shard>.stats.json`, which readers of the stats look up beside the shard;

@@ -33,7 +33,6 @@ real position (deterministic, no token masked).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import time
@@ -44,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from data_pipelines import masking, records, tfrecord_files, tfrecord_framing
+from data_pipelines import masking, paths, records, tfrecord_files, tfrecord_framing
 
 # Salts that keep the seeds of different random choices apart.
 _FILE_ORDER_SALT = 1
@@ -111,10 +110,8 @@ def record_counts(files: Sequence[str], compression: str | None = None) -> dict[
     """
     counts: dict[str, int] = {}
     for directory in sorted({os.path.dirname(f) for f in files}):
-        stats_glob = os.path.join(directory, "*" + tfrecord_files.STATS_SUFFIX)
-        for stats_path in sorted(tf.io.gfile.glob(stats_glob)):
-            with tf.io.gfile.GFile(stats_path) as f:
-                stats = json.load(f)
+        for stats_path in sorted(paths.glob_in(directory, "*" + tfrecord_files.STATS_SUFFIX)):
+            stats = tfrecord_files.read_stats(stats_path)
             if "records_per_file" not in stats:
                 continue
             named = zip(stats["output_files"], stats["records_per_file"], strict=True)

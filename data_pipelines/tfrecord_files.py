@@ -99,6 +99,67 @@ def is_temporary(path: str) -> bool:
 STATS_SUFFIX = ".stats.json"
 
 
+def read_stats(path: str) -> dict:
+    """The stats JSON `path` (local or a `tf.io.gfile` URL).
+
+    Raises:
+        ValueError: it is not complete JSON (cut short, damaged), naming the file, the line
+            and the column.
+    """
+    if "://" in path:
+        import tensorflow as tf
+
+        with tf.io.gfile.GFile(path) as f:
+            text = f.read()
+    else:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{path}: not a readable stats JSON ({error.msg} at line {error.lineno} column "
+            f"{error.colno}): cut short or damaged; write the records again, or delete it"
+        ) from None
+
+
+def stats_of(files: Sequence[str]) -> tuple[dict[str, dict], list[str]]:
+    """The stats JSONs of the record sets `files` belong to, and the files none names.
+
+    Each file is looked up in the stats JSONs of its directory by name (`output_files`: every
+    shard of a set, whichever of them a pattern matched; stats older than the list name the
+    first shard they sit beside), so a glob that skips shard 0 still finds its set's stats.
+
+    Returns:
+        ({stats path: its contents}, [files no stats JSON names]).
+
+    Raises:
+        ValueError: a stats JSON that does not read (`read_stats`), naming it.
+    """
+    from data_pipelines import paths
+
+    found: dict[str, dict] = {}
+    unnamed: list[str] = []
+    by_directory: dict[str, list[str]] = {}
+    for path in files:
+        by_directory.setdefault(os.path.dirname(path), []).append(path)
+    for directory, members in by_directory.items():
+        owner: dict[str, str] = {}
+        stats: dict[str, dict] = {}
+        for stats_path in sorted(paths.glob_in(directory, "*" + STATS_SUFFIX)):
+            stats[stats_path] = read_stats(stats_path)
+            listed = stats[stats_path].get("output_files") or [stats_path[: -len(STATS_SUFFIX)]]
+            for name in listed:
+                owner.setdefault(os.path.basename(name), stats_path)
+        for path in members:
+            stats_path = owner.get(os.path.basename(path))
+            if stats_path is None:
+                unnamed.append(path)
+            else:
+                found[stats_path] = stats[stats_path]
+    return found, unnamed
+
+
 def is_sidecar(path: str) -> bool:
     """Whether `path` is a stats JSON written beside shards (`dir/train-*` matches it)."""
     return path.endswith(STATS_SUFFIX)

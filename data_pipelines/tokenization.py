@@ -362,6 +362,13 @@ def tokenizer_kind(path: str, data: bytes) -> str:
     if data.lstrip()[:1] == b"{":
         try:
             parsed = json.loads(data)
+        except json.JSONDecodeError as error:
+            if path.endswith(".json"):  # cut short or edited by hand: say where
+                raise VocabError(
+                    f"{path}: not valid JSON ({error.msg} at line {error.lineno} column "
+                    f"{error.colno}): a damaged or truncated tokenizer.json"
+                ) from None
+            parsed = None
         except (UnicodeDecodeError, ValueError):
             parsed = None
         if isinstance(parsed, dict) and "model" in parsed:

@@ -13,7 +13,6 @@ log line.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 
@@ -60,22 +59,23 @@ def fingerprint(path: str) -> dict[str, str]:
 
 def records_fingerprints(file_patterns) -> dict[str, dict | None]:
     """{stats JSON: its "vocab" fingerprint, or None when it has none} of the record sets
-    `file_patterns` match (one stats JSON per directory's first shard)."""
-    import tensorflow as tf
-
+    whose files `file_patterns` match: every file's own set, found by its name in the stats
+    (`tfrecord_files.stats_of`), not only the set of each directory's first shard. Files that
+    no stats JSON names (the original tool's records) are named in a warning: their
+    vocabulary cannot be checked."""
     from data_pipelines import input_pipeline
 
-    firsts: dict[str, str] = {}
-    for path in input_pipeline.list_files(file_patterns):
-        firsts.setdefault(os.path.dirname(path), path)
-    found = {}
-    for path in firsts.values():
-        stats_path = path + tfrecord_files.STATS_SUFFIX
-        if not tf.io.gfile.exists(stats_path):
-            continue
-        with tf.io.gfile.GFile(stats_path) as f:
-            found[stats_path] = json.load(f).get("vocab")
-    return found
+    files = input_pipeline.list_files(file_patterns)
+    stats, unnamed = tfrecord_files.stats_of(files)
+    if unnamed:
+        log.warning(
+            "%d record file(s) with no stats JSON naming them (%s%s): the vocabulary they were "
+            "made with is not known, not checked",
+            len(unnamed),
+            ", ".join(unnamed[:3]),
+            ", ..." if len(unnamed) > 3 else "",
+        )
+    return {path: contents.get("vocab") for path, contents in stats.items()}
 
 
 def check_same_vocab(
@@ -94,7 +94,7 @@ def check_same_vocab(
         VocabMismatchError: naming both vocabulary files and `allow_key`.
     """
     if made_with is None:
-        log.info("%s: no vocabulary fingerprint saved (made before it was): not checked", what)
+        log.warning("%s: no vocabulary fingerprint saved (made before it was): not checked", what)
         return
     now = fingerprint(vocab_file)
     if now["sha256"] == made_with.get("sha256"):

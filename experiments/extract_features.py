@@ -166,6 +166,27 @@ def write_lines(path: str, lines: Iterable[str]) -> None:
     os.replace(tmp, path)
 
 
+def check_output_is_not_input(output_file: str, input_file: str, init_checkpoint: str,
+                              *others: str | None) -> None:  # fmt: skip
+    """Refuses an `output_file` that is the input, a file of the checkpoint (a directory's
+    files, a TF checkpoint's), the vocab or the config, by real path, before anything is
+    read (`data_pipelines.paths.check_not_an_input`; a new file in the checkpoint's
+    directory is fine).
+
+    Raises:
+        paths.OutputIsInputError: naming the output and the input.
+    """
+    import glob
+
+    from data_pipelines import paths
+
+    if os.path.isdir(init_checkpoint):  # its files and folders, not the directory itself
+        checkpoint = [os.path.join(init_checkpoint, n) for n in os.listdir(init_checkpoint)]
+    else:  # a file, or a TF checkpoint's prefix and its files
+        checkpoint = [init_checkpoint, *glob.glob(glob.escape(init_checkpoint) + ".*")]
+    paths.check_not_an_input(output_file, [input_file, *checkpoint, *others])
+
+
 def run(
     input_file: str,
     output_file: str,
@@ -184,6 +205,8 @@ def run(
     from bert_jax.model import BertModel
     from data_pipelines.tokenization import load_tokenizer
 
+    check_output_is_not_input(output_file, input_file, init_checkpoint, vocab_file,
+                              bert_config_file)  # fmt: skip
     config, params, found_vocab = convert.load_pretrained(
         init_checkpoint,
         # The encoder without its pooler; load_pretrained gives it the checkpoint's config.
@@ -259,7 +282,14 @@ def main(argv):
         absl_logging.set_verbosity(absl_logging.WARNING)
     for name in ("bert_jax", "experiments", __name__):
         logging.getLogger(name).setLevel(logging.INFO)
+    from data_pipelines import paths
+
     f = flags.FLAGS
+    try:
+        check_output_is_not_input(f.output_file, f.input_file, f.init_checkpoint,
+                                  f.vocab_file, f.bert_config_file)  # fmt: skip
+    except paths.OutputIsInputError as error:
+        raise SystemExit(f"extract_features: {error}") from None
     run(
         f.input_file,
         f.output_file,

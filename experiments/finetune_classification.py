@@ -190,9 +190,11 @@ def finetune(
             config, workdir, task, features, run, state.params, final_logits, results,
             show_progress=show_progress,
         )  # fmt: skip
-    save_model(config, workdir, task, bert_config, state.params, vocab_file, init_step)
-    results["wall_time_s"] = time.time() - start_time
-    common.write_json(os.path.join(workdir, "metrics.json"), results)
+    # metrics.json's final form only once the model is saved; a signal lets both complete.
+    with common.final_save(f"{workdir}/checkpoint and metrics.json"):
+        save_model(config, workdir, task, bert_config, state.params, vocab_file, init_step)
+        results["wall_time_s"] = time.time() - start_time
+        common.write_json(os.path.join(workdir, "metrics.json"), results)
     logging.info("final: %s", {k: results.get(k) for k in ("epochs", "test", "wall_time_s")})
     return results
 
@@ -271,8 +273,9 @@ def train_and_score(
     """The epochs, each logged to train_log.jsonl; returns (final state, final logits).
 
     After every `eval_every_epochs`-th epoch and the last, the eval splits are scored and
-    metrics.json (`results`, whose `epochs` list grows) is rewritten. The last epoch's
-    logits (split -> (N, C)), those of the final model, are returned for reuse.
+    metrics.json (`results`, whose `epochs` list grows) is rewritten, but after the last
+    epoch (the caller writes it once the model is saved: `finetune_common.final_save`). The
+    last epoch's logits (split -> (N, C)), those of the final model, are returned for reuse.
 
     Args:
         run: `finetune_common.setup`'s: the mesh, the starting state and the jitted steps.
@@ -301,7 +304,8 @@ def train_and_score(
                 final_logits[split] = logits  # the last epoch's are the final model's
             logging.info("epoch %d: %s", epoch, epoch_result)
             results["epochs"].append(epoch_result)
-            common.write_json(os.path.join(workdir, "metrics.json"), results)
+            if epoch < config.num_epochs:  # the last is written once the model is saved
+                common.write_json(os.path.join(workdir, "metrics.json"), results)
     return state, final_logits
 
 

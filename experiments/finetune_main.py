@@ -6,6 +6,8 @@ once, naming the holder), then every config key in its range with the batches ov
 devices (`bert_jax.config_bounds`, one line naming the key), then, for scripts whose result
 is a saved model, whether that save may replace what is in `<workdir>/checkpoint`
 (`finetune_common.check_can_save`): each refusal comes before training, never after it.
+SIGTERM and Ctrl-C stop the run with one line saying what was saved
+(`finetune_common.stopping_on_signals`).
 """
 
 from __future__ import annotations
@@ -28,10 +30,17 @@ def make_main(run: Callable[..., object], tool: str, *, saves_model: bool = Fals
             import jax
 
             config_bounds.check_or_exit(config, "finetune", tool, devices=jax.device_count())
-            if saves_model:
-                from bert_jax import finetune_common
+            from bert_jax import finetune_common
 
+            if saves_model:
                 finetune_common.check_can_save(workdir, tool)
-            run(config, workdir)
+            # SIGTERM or Ctrl-C: one line saying what was saved, exit 128 + the signal.
+            from bert_jax.config import ConfigError
+
+            with finetune_common.stopping_on_signals(tool):
+                try:
+                    run(config, workdir)
+                except ConfigError as error:  # a key the model or data refuse: one line
+                    raise SystemExit(f"{tool}: {error}") from None
 
     return main

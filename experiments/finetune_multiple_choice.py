@@ -170,7 +170,8 @@ def finetune(
                 record["dev"] = {"accuracy": accuracy(features["dev"], logits["dev"])}
             logging.info("epoch %d: %s", epoch, record)
             results["epochs"].append(record)
-            common.write_json(os.path.join(workdir, "metrics.json"), results)
+            if epoch < config.num_epochs:  # the last is written once the model is saved
+                common.write_json(os.path.join(workdir, "metrics.json"), results)
         logits["test"] = predict(run.predict_step, state.params, features["test"],
                                  config.eval_batch_size, mesh, "predict test",
                                  show_progress)  # fmt: skip
@@ -181,10 +182,12 @@ def finetune(
     meta = {"task": config.task, "num_choices": task.num_choices,
             "do_lower_case": config.do_lower_case, "max_seq_length": config.max_seq_length,
             "init_from": config.init_from, "init_step": init_step}  # fmt: skip
-    common.save_finetuned(os.path.join(workdir, "checkpoint"), bert_config, state.params,
-                          vocab_file=vocab_file, metadata=meta)  # fmt: skip
-    results["wall_time_s"] = time.time() - start_time
-    common.write_json(os.path.join(workdir, "metrics.json"), results)
+    # metrics.json's final form only once the model is saved; a signal lets both complete.
+    with common.final_save(f"{workdir}/checkpoint and metrics.json"):
+        common.save_finetuned(os.path.join(workdir, "checkpoint"), bert_config, state.params,
+                              vocab_file=vocab_file, metadata=meta)  # fmt: skip
+        results["wall_time_s"] = time.time() - start_time
+        common.write_json(os.path.join(workdir, "metrics.json"), results)
     logging.info("test accuracy %.4f (chance %.4f)", results["test"]["accuracy"],
                  results["chance_accuracy"])  # fmt: skip
     return results

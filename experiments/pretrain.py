@@ -10,7 +10,9 @@ elsewhere give --coordinator_address, --num_processes and --process_id.
 
 import contextlib
 import ipaddress
+import signal
 import socket
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -86,17 +88,28 @@ def _run(distributed: bool, lock: contextlib.ExitStack) -> None:
         # over JAX_COMPILATION_CACHE_DIR (that variable only gives the option its default).
         jax.config.update("jax_compilation_cache_dir", FLAGS.config.jax_cache_dir)
         logging.info("compilation cache: %s", FLAGS.config.jax_cache_dir)
-    from bert_jax import checkpointing, train_loop
+    from bert_jax import checkpointing, telemetry, train_loop
     from bert_jax.config import ConfigError
     from data_pipelines.input_pipeline import TokenIdError
     from data_pipelines.vocab_fingerprint import VocabMismatchError
 
     try:
         final = train_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except (checkpointing.CheckpointError, ConfigError, TokenIdError, VocabMismatchError) as error:
+    except checkpointing.Interrupted as stopped:
+        # The first Ctrl-C: the checkpoint of the step it stopped at has landed (named).
+        sys.stderr.write(f"pretrain: {stopped}\n")
+        raise SystemExit(128 + signal.SIGINT) from None
+    except (
+        checkpointing.CheckpointError,
+        ConfigError,
+        TokenIdError,
+        VocabMismatchError,
+        telemetry.MetricsPathError,
+    ) as error:
         # A checkpoint that cannot be written or read, a config the run's parts refuse (the
-        # objective's keys, the records' kind, a resumed model, a finished workdir) or data
-        # the run refuses: one line naming it, and the notes on where the run stopped.
+        # objective's keys, the records' kind, a resumed model, a finished workdir), data
+        # the run refuses or metrics it could not write: one line naming it, and the notes
+        # on where the run stopped.
         notes = getattr(error, "__notes__", [])
         raise SystemExit("; ".join([f"pretrain: {error}", *notes])) from None
     if jax.process_index() == 0:

@@ -94,6 +94,8 @@ def write_train_state(workdir: Path, params: dict, objective: str | None = None)
     `objective` is the saved config's `objective` (None: a config older than the key)."""
     import jax.numpy as jnp
 
+    from data_pipelines import vocab_fingerprint
+
     tx = optax.adamw(1e-3)
     state = TrainState(jnp.asarray(5, jnp.int32), params, tx.init(params))
     experiment = {
@@ -101,6 +103,8 @@ def write_train_state(workdir: Path, params: dict, objective: str | None = None)
                   "num_attention_heads": 2, "intermediate_size": 64,
                   "max_position_embeddings": 128, "vocab_size": None},
         "data": {"vocab_file": minilm_vocab()},
+        # As a pretraining checkpoint carries it: the vocab outside the workdir is the model's.
+        "vocab_fingerprint": vocab_fingerprint.fingerprint(minilm_vocab()),
     }  # fmt: skip
     if objective is not None:
         experiment["objective"] = objective

@@ -20,6 +20,7 @@ from bert_jax import finetune_common as common
 from bert_jax.config import BertConfig
 from bert_jax.heads import BertForSequenceClassification
 from bert_jax.train_state import TrainState
+from data_pipelines import vocab_fingerprint
 from experiments import finetune_classification as ftc
 from experiments.configs import finetune_glue
 
@@ -42,6 +43,9 @@ def workdirs(tmp_path_factory, params):
                   "num_attention_heads": 2, "intermediate_size": 64,
                   "max_position_embeddings": 128, "vocab_size": None},
         "data": {"vocab_file": minilm_vocab()},
+        # What a pretraining checkpoint carries: its vocab outside the workdir is used
+        # because it is the very vocabulary the model was trained with.
+        "vocab_fingerprint": vocab_fingerprint.fingerprint(minilm_vocab()),
     }  # fmt: skip
     made = {}
     for name in ("healthy", "newest unreadable"):

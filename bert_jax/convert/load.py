@@ -125,6 +125,7 @@ def load_pretrained(
     model: str | nn.Module = "pretraining",
     rng: jax.Array | None = None,
     config_file: str | None = None,
+    allow_non_finite: bool = False,
 ) -> tuple[BertConfig, Params, str | None]:
     """Imports a checkpoint as the `params` collection of one of our models.
 
@@ -141,14 +142,18 @@ def load_pretrained(
       rng: PRNG key for the heads the source lacks (default `jax.random.key(0)`).
       config_file: a config that replaces the one beside the checkpoint (for a TF
         checkpoint read as Google's `bert_config.json`, whose "gelu" is the tanh form).
+      allow_non_finite: take weights that hold NaN or inf (refused by default, named).
 
     Returns:
       (config, params, vocab_file or None); run with `module.apply({"params": params}, ...)`.
 
     Raises:
-      ConversionError: naming the tensor and both shapes when the source does not fit.
+      ConversionError: naming the tensor and both shapes when the source does not fit; a
+        tensor that is not floating point, or (unless `allow_non_finite`) holds NaN or inf.
     """
-    return load_source(open_source(path, config_file), config, model=model, rng=rng)
+    source = open_source(path, config_file)
+    source.allow_non_finite = allow_non_finite
+    return load_source(source, config, model=model, rng=rng)
 
 
 def load_source(

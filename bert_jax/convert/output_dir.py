@@ -130,6 +130,13 @@ def _clean_leftovers(output_dir: str) -> None:
             else:
                 shutil.rmtree(path, ignore_errors=True)
                 log.warning("removed %s, left by a killed write of %s", path, output_dir)
+    # A save that wrote through a `writing_dir` of its own temporary (a fine-tuned model's,
+    # before it wrote the files itself) left `..<name>.tmp-<pid>-...` beside it when killed.
+    nested = "." + _temporary_prefix(output_dir, _TMP)
+    for name in sorted(os.listdir(parent)):
+        if name.startswith(nested) and not _writer_alive(name, nested):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            log.warning("removed %s, left by a killed write of %s", name, output_dir)
 
 
 @contextlib.contextmanager

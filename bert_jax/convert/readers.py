@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import glob
 import json
+import logging
 import os
 import re
 import shutil
@@ -33,6 +34,8 @@ from bert_jax.convert.names import (
     with_layout,
 )
 from bert_jax.convert.output_dir import writing_dir
+
+log = logging.getLogger(__name__)
 
 
 class Source:
@@ -57,6 +60,8 @@ class Source:
         self.vocab_file = vocab_file
         self.step: int | None = None  # of a pretraining train state: the checkpoint step read
         self.taken: set[str] = set()
+        # True lets NaN or infinite weights through (`load_source(allow_non_finite=True)`).
+        self.allow_non_finite = False
 
     def name(self, spec: TensorSpec) -> str:
         return {"hf": spec.hf, "tf": spec.tf, "ours": spec.ours}[self.naming]
@@ -90,6 +95,8 @@ class Source:
                 "type_vocab_size) match the checkpoint?"
             )
         value = self.read(name)
+        _check_weights(value, f"{self.location}: tensor {self.display(name)!r}",
+                       self.allow_non_finite)  # fmt: skip
         if self.naming == "hf":
             value = spec.from_hf(value, shape)
         else:
@@ -100,6 +107,28 @@ class Source:
         """Names never read, less buffers and optimiser slots."""
         names = (n for n in self.shapes if n not in self.taken and not IGNORED_NAMES.search(n))
         return sorted(self.display(n) for n in names)
+
+
+def _check_weights(value: np.ndarray, what: str, allow_non_finite: bool) -> None:
+    """Refuses a weight that is not floating point (an int tensor cast to float would load
+    as something else than it is) or, unless `allow_non_finite`, one holding NaN or inf."""
+    dtype = np.asarray(value).dtype
+    if not np.issubdtype(dtype, np.floating) and dtype.name != "bfloat16":
+        raise ConversionError(f"{what} is {dtype}, not floating point: not a weight")
+    if not allow_non_finite:
+        check_finite(value, what)
+
+
+def check_finite(value, what: str) -> None:
+    """Raises ConversionError naming `what` when `value` holds NaN or inf (a diverged or
+    damaged model: it would import, or export, without a word and compute NaN)."""
+    array = np.asarray(value, dtype=np.float32)
+    if not np.isfinite(array).all():
+        bad = int(array.size - np.isfinite(array).sum())
+        raise ConversionError(
+            f"{what} holds {bad} non-finite value(s) (NaN or inf); pass "
+            "allow_non_finite=True to take it anyway"
+        )
 
 
 def check_vocab(vocab_file: str | None, config: BertConfig) -> None:
@@ -154,6 +183,21 @@ def _found_vocab(directory: str) -> str | None:
     return tokenization.find_tokenizer_file(directory) if os.path.isdir(directory) else None
 
 
+def _check_inside(directory: str, name: object, index: str) -> None:
+    """Refuses a weight file an index names outside its model directory (an absolute path,
+    `..`, or a symlink out of it): a model directory reads only its own files."""
+    if not isinstance(name, str) or not name:
+        raise ConversionError(f"{index}: weight_map names {name!r}, not a file name")
+    parts = name.replace("\\", "/").split("/")
+    root = os.path.realpath(directory)
+    inside = os.path.realpath(os.path.join(directory, name)).startswith(root + os.sep)
+    if os.path.isabs(name) or ".." in parts or not inside:
+        raise ConversionError(
+            f"{index}: weight_map names {name!r}, outside the model directory {directory}; "
+            "an index may name only files inside its own directory"
+        )
+
+
 def _hf_source(directory: str) -> Source:
     from safetensors import safe_open
 
@@ -162,6 +206,8 @@ def _hf_source(directory: str) -> Source:
         expected = "a safetensors index (JSON with a weight_map)"
         with _reading(index, expected), open(index, encoding="utf-8") as f:
             files = sorted(set(json.load(f)["weight_map"].values()))
+        for fname in files:
+            _check_inside(directory, fname, index)
     else:
         files = ["model.safetensors"]
     shapes, where = {}, {}
@@ -270,12 +316,52 @@ def read_train_state(path: str) -> tuple[BertConfig, Params, dict, str | None, i
     table = params.get("bert", params)["embeddings"]["word_embeddings"]["embedding"]
     objective = experiment.get("objective") or "mlm_nsp"  # configs older than the key
     config = BertConfig.from_experiment(model, vocab_size=table.shape[0], objective=objective)
+    vocab_file = _saved_vocab(directory, experiment, table.shape[0])
+    return config, params, experiment, vocab_file, step
+
+
+def _saved_vocab(directory: str, experiment: dict, rows: int) -> str | None:
+    """The vocab file the experiment config saved with a checkpoint names, if it is the
+    model's: its fingerprint the one saved with the checkpoint, else (checkpoints older than
+    it) inside the workdir; its size the embedding rows (at most, where the config padded
+    `model.vocab_size`). None otherwise, with a warning saying why: an export then carries
+    no vocabulary but the one `--vocab_file` names, never one of any content from anywhere.
+    """
+    from data_pipelines import tokenization, vocab_fingerprint
+
     vocab_file = (experiment.get("data") or {}).get("vocab_file")
     if not (vocab_file and os.path.exists(vocab_file)):
-        vocab_file = None
-    elif os.path.isdir(vocab_file):  # a tokenizer directory: its file
+        return None
+    if os.path.isdir(vocab_file):  # a tokenizer directory: its file
         vocab_file = _found_vocab(vocab_file)
-    return config, params, experiment, vocab_file, step
+        if vocab_file is None:
+            return None
+    saved = experiment.get("vocab_fingerprint")
+    workdir = directory.rstrip("/")
+    workdir = os.path.dirname(workdir) if os.path.basename(workdir) == "checkpoints" else workdir
+    reason = None
+    if saved:
+        if vocab_fingerprint.fingerprint(vocab_file)["sha256"] != saved.get("sha256"):
+            reason = "is not the vocabulary this checkpoint was trained with (sha256 differs)"
+    elif not os.path.realpath(vocab_file).startswith(os.path.realpath(workdir) + os.sep):
+        reason = "is outside the workdir and no vocabulary fingerprint was saved to check it by"
+    if reason is None:
+        try:
+            size = tokenization.vocab_size_of(vocab_file)
+        except tokenization.VocabError as error:
+            size, reason = None, f"does not read ({error})"
+        padded = (experiment.get("model") or {}).get("vocab_size") is not None
+        if size is not None and (size > rows or (size != rows and not padded)):
+            reason = f"has {size} tokens, the model {rows} embedding rows"
+    if reason:
+        log.warning(
+            "%s: the saved config's vocab file %s %s: not used (give --vocab_file)",
+            directory,
+            vocab_file,
+            reason,
+        )
+        return None
+    return vocab_file
 
 
 def _readable_params(directory: str, step: int | None) -> tuple[Params, dict, int]:
@@ -441,22 +527,55 @@ def save_params(
     vocab_file: str | None = None,
     tokenizer: Sequence[str] = (),
     overwrite: bool = False,
+    allow_non_finite: bool = False,
 ) -> str:
     """Writes `params/` (Orbax StandardCheckpointer) + `config.json` (+ `vocab.txt`, and the
-    `tokenizer` files copied under their names)."""
-    import orbax.checkpoint as ocp
-
+    `tokenizer` files copied under their names); params holding NaN or inf are refused,
+    named, unless `allow_non_finite`."""
     output_dir = os.fspath(output_dir)
+    check_orbax_output(output_dir)
     check_vocab(vocab_file, config)
     with writing_dir(output_dir, overwrite) as tmp:
-        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(families.ours_config_dict(config), f, indent=2, sort_keys=True)
-            f.write("\n")
-        copy_files(tmp, vocab_file, tokenizer)
-        checkpointer = ocp.StandardCheckpointer()
-        checkpointer.save(os.path.join(tmp, "params"), as_numpy(params))
-        checkpointer.wait_until_finished()
+        write_params(tmp, config, params, vocab_file=vocab_file, tokenizer=tokenizer,
+                     allow_non_finite=allow_non_finite)  # fmt: skip
     return output_dir
+
+
+def check_orbax_output(output_dir: str) -> None:
+    """Refuses an Orbax output whose path holds glob characters (Orbax would write params
+    there that it cannot read back: `data_pipelines.paths.check_no_glob`)."""
+    from data_pipelines import paths
+
+    try:
+        paths.check_no_glob(output_dir, "--output")
+    except paths.GlobCharactersError as error:
+        raise ConversionError(str(error)) from None
+
+
+def write_params(
+    directory: str,
+    config: BertConfig,
+    params: Mapping,
+    *,
+    vocab_file: str | None = None,
+    tokenizer: Sequence[str] = (),
+    allow_non_finite: bool = False,
+) -> None:
+    """`save_params`'s files written straight into `directory` (a caller's `writing_dir`
+    temporary: one temporary per save, none nested in another). A param holding NaN or inf
+    is refused, named, unless `allow_non_finite`."""
+    import orbax.checkpoint as ocp
+
+    if not allow_non_finite:
+        for path, value in flatten(params):
+            check_finite(value, f"param {'/'.join(path)}")
+    with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(families.ours_config_dict(config), f, indent=2, sort_keys=True)
+        f.write("\n")
+    copy_files(directory, vocab_file, tokenizer)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(os.path.join(directory, "params"), as_numpy(params))
+    checkpointer.wait_until_finished()
 
 
 def load_params(directory: str | os.PathLike) -> tuple[BertConfig, Params, str | None]:

@@ -112,6 +112,8 @@ def get_config(phase: str = "phase1") -> ml_collections.ConfigDict:
     config.data.on_change = "refuse"
     # True: train on records whose stats JSON names another vocabulary than vocab_file.
     config.data.allow_vocab_change = False
+    # True: train_files and eval_files may match the same file (evaluating on training data).
+    config.data.allow_eval_in_train = False
 
     config.global_batch_size = 256  # sequences per step over all devices (the paper's)
     config.num_train_steps = NUM_TRAIN_STEPS  # length of the learning-rate schedule

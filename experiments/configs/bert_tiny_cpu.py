@@ -89,6 +89,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.on_change = "refuse"
     # True: train on records whose stats JSON names another vocabulary than vocab_file.
     config.data.allow_vocab_change = False
+    # True: train_files and eval_files may match the same file (evaluating on training data).
+    config.data.allow_eval_in_train = False
 
     config.global_batch_size = 64  # sequences per step over all devices
     config.num_train_steps = 2_000  # length of the learning-rate schedule
