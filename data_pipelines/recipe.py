@@ -22,8 +22,11 @@ Each stage runs as `python -m <tool>` with its own progress bar.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sys
+from collections.abc import Iterator
 
 from absl import app, flags, logging
 
@@ -75,9 +78,32 @@ def predictions_per_seq(max_seq_length: int, masked_lm_prob: float = 0.15) -> in
     return -(-max_seq_length * round(masked_lm_prob * 100) // 100)
 
 
+@contextlib.contextmanager
+def _one_writer(directory: str) -> Iterator[None]:
+    """Holds `<directory>/.recipe.lock` (an flock, dropped however the process ends) for the
+    body: two demos sharing a corpus or records directory take turns, the second reusing
+    what the first wrote, where both wrote the same temporaries and one lost its file."""
+    os.makedirs(directory, exist_ok=True)
+    fd = os.open(os.path.join(directory, ".recipe.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logging.info("waiting for another run writing %s", directory)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def prepare_corpus(corpora: list[str], corpus_dir: str, vocab_size: int) -> str:
-    """The corpus, its held-out split and the vocab; returns the vocab file."""
-    os.makedirs(corpus_dir, exist_ok=True)
+    """The corpus, its held-out split and the vocab; returns the vocab file. One run at a
+    time writes a corpus directory (`_one_writer`)."""
+    with _one_writer(corpus_dir):
+        return _prepare_corpus(corpora, corpus_dir, vocab_size)
+
+
+def _prepare_corpus(corpora: list[str], corpus_dir: str, vocab_size: int) -> str:
     corpus = os.path.join(corpus_dir, "corpus.txt")
     train, held_out = (os.path.join(corpus_dir, n) for n in ("train.txt", "eval.txt"))
     vocab = os.path.join(corpus_dir, "vocab.txt")
@@ -107,8 +133,16 @@ def make_records(
     seed: int, next_sentence: bool = True, masking: str = "static",
 ) -> None:  # fmt: skip
     """Training records (seeded by `seed`) and the fixed held-out records: sentence pairs
-    or, without `next_sentence`, single segments; masked, or unmasked with `masking="dynamic"`."""
-    os.makedirs(records_dir, exist_ok=True)
+    or, without `next_sentence`, single segments; masked, or unmasked with `masking="dynamic"`.
+    One run at a time writes a records directory (`_one_writer`)."""
+    with _one_writer(records_dir):
+        _make_records(corpus_dir, vocab, records_dir, max_seq_length, dupe_factor, seed,
+                      next_sentence, masking)  # fmt: skip
+
+
+def _make_records(
+    corpus_dir, vocab, records_dir, max_seq_length, dupe_factor, seed, next_sentence, masking
+) -> None:
     splits = (("train", 4, dupe_factor, 12345 + seed), ("eval", 1, 1, 54321))
     for name, shards, dupe, split_seed in splits:
         marker = os.path.join(records_dir, f".{name}-records")

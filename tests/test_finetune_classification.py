@@ -355,3 +355,25 @@ def test_saved_checkpoint_reloads_and_predicts_the_same(checkpoints, tmp_path):
 def test_missing_finetuned_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="finetuned.json"):
         ftc.load_classifier(str(tmp_path / "nowhere"))
+
+
+def test_a_kill_during_the_final_save_leaves_metrics_json_at_the_epoch_before(
+    checkpoints, tmp_path, monkeypatch
+):
+    """metrics.json gets the last epoch's record only once the model is saved (issue 74)."""
+    config = finetune_glue.get_config("sst2")
+    config.unlock()
+    config.update(
+        data_dir=str(GLUE_DIR / "SST-2"), init_from=str(checkpoints["orbax"]), max_seq_length=32,
+        train_batch_size=8, eval_batch_size=8, num_epochs=2, learning_rate=1e-3,
+    )  # fmt: skip
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # the process dies in the save
+
+    monkeypatch.setattr(ftc, "save_model", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ftc.finetune(config, str(tmp_path))
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert [e["epoch"] for e in saved["epochs"]] == [1] and "wall_time_s" not in saved
+    assert not (tmp_path / "checkpoint").exists()

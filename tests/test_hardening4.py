@@ -500,3 +500,42 @@ def test_demo_subsets_below_two_are_refused_at_start():
     with pytest.raises(SystemExit, match="--subsets=1 is outside its range: None or an int >= 2"):
         config_bounds.check_or_exit({"subsets": 1}, "demo", "demo")
     config_bounds.check_or_exit({"subsets": 2}, "demo", "demo")
+
+
+def test_a_hf_export_with_nan_weights_is_refused_naming_the_tensor(tmp_path):
+    import flax
+    import jax
+
+    from bert_jax.config import BertConfig
+    from bert_jax.convert import ConversionError, export
+    from bert_jax.model import BertModel
+
+    config = BertConfig.from_preset("tiny", num_hidden_layers=1, vocab_size=32)
+    ids = np.zeros((1, 4), np.int32)
+    params = BertModel(config).init(jax.random.key(0), ids, ids, ids)["params"]
+    params = jax.tree.map(np.array, flax.linen.unbox(params))  # writable copies
+    params["embeddings"]["word_embeddings"]["embedding"][3, 1] = np.nan
+    with pytest.raises(ConversionError, match="embeddings.word_embeddings.weight' holds 1 non"):
+        export.save_hf(str(tmp_path / "hf"), config, params)
+    assert not (tmp_path / "hf").exists()
+
+
+def test_two_runs_sharing_a_corpus_directory_take_turns(tmp_path):
+    import fcntl
+    import threading
+
+    from data_pipelines import recipe
+
+    for name in ("corpus.txt", "train.txt", "eval.txt", "vocab.txt"):
+        (tmp_path / name).write_text("x\n")  # all there: the second run reuses them
+    fd = os.open(tmp_path / ".recipe.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the first run, still writing
+    done = threading.Event()
+    waiter = threading.Thread(
+        target=lambda: (recipe.prepare_corpus(["shakespeare"], str(tmp_path), 100), done.set())
+    )
+    waiter.start()
+    assert not done.wait(0.5)  # waits for the first
+    os.close(fd)
+    assert done.wait(10)
+    waiter.join()

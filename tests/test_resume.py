@@ -233,6 +233,27 @@ def test_sigterm_saves_at_the_current_step_exits_0_and_resumes_exactly(
     _assert_same_run(workdir, reference)
 
 
+# Extended tier: make test keeps the Ctrl-C handler and its save in process
+# (test_hardening4's test_ctrl_c_during_pretraining_saves_the_step_and_raises).
+@pytest.mark.extended
+def test_ctrl_c_saves_at_the_current_step_exits_130_and_the_rerun_resumes(tmp_path, data_dir, env):
+    workdir = tmp_path / "run"
+    command = _command(workdir, data_dir, "--config.checkpoint_every=1000")
+    proc = _start(command, env, tmp_path / "interrupted.log")
+
+    _wait_for(lambda: max(_train_steps_logged(workdir), default=0) >= 3, proc, "step 3")
+    proc.send_signal(signal.SIGINT)
+    output = _finish(proc, tmp_path / "interrupted.log", expect_rc=130)
+    found = re.search(r"stopped by SIGINT after step (\d+)", output)
+    assert found, output[-3000:]
+    stopped = int(found.group(1))
+    assert 3 <= stopped < STEPS and "KeyboardInterrupt" not in output
+    assert _step_dirs(workdir) == ([stopped], [])
+
+    output = _run(command, env, tmp_path / "restarted.log")
+    assert _resumed_from(output) == stopped
+
+
 @pytest.mark.extended  # two more runs
 def test_non_finite_loss_stops_the_run_and_keeps_only_finite_checkpoints(
     tmp_path, data_dir, env, reference

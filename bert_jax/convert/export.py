@@ -20,7 +20,7 @@ from bert_jax.convert.names import (
     get_path,
     with_layout,
 )
-from bert_jax.convert.readers import check_vocab, copy_files, writing_dir
+from bert_jax.convert.readers import check_finite, check_vocab, copy_files, writing_dir
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ def save_hf(
     do_lower_case: bool | None = None,
     overwrite: bool = False,
     extra_json: Mapping[str, object] | None = None,
+    allow_non_finite: bool = False,
 ) -> str:
     """Writes config.json + model.safetensors (+ vocab.txt, the `tokenizer` files copied
     under their names, tokenizer_config.json from `do_lower_case`, and `extra_json`: a
@@ -120,13 +121,17 @@ def save_hf(
     matching BertFor* class (named in config.json's `architectures`); a causal model with
     an MLM head alone (the "ltr" objective) a `BertLMHeadModel`. A ModernBERT config
     (`families.family_of`) writes a `ModernBertModel`, or with the MLM head a
-    `ModernBertForMaskedLM`.
+    `ModernBertForMaskedLM`. A tensor holding NaN or inf is refused, named, unless
+    `allow_non_finite`.
     """
     from safetensors.numpy import save_file
 
     output_dir = os.fspath(output_dir)
     check_vocab(vocab_file, config)
     state, arch = to_hf_state_dict(config, params)
+    if not allow_non_finite:
+        for name, value in state.items():
+            check_finite(value, f"tensor {name!r}")
     hf_config = {**family_of(config).hf_config(config), "architectures": [arch]}
     hf_config.update(_token_ids(vocab_file, hf_config))
     if arch in ("BertForSequenceClassification", "BertForTokenClassification"):
