@@ -209,7 +209,12 @@ FINETUNE: dict[str, Bound] = {
     "data_dir": Text("the task's files ('': the cached copy)"),
     "data_source": Enum("where the data comes from", ("tsv", "tfds", "json")),
     "skip_malformed": Flag("skip unparsable rows"),
-    "pooling": Enum("what the classifier reads", ("cls", "mean")),
+    "pooling": Enum("what the classifier (cls, mean) or the embedding reads",
+                    ("cls", "mean", "last")),
+    "chunk_size": Int("pairs embedded at a time (GradCache)", 0, zero="the whole batch"),
+    "normalize": Flag("the saved embedding model L2-normalises"),
+    "scale": Float("cosine x scale = logits (1 / temperature)", 0, open_low=True),
+    "symmetric": Flag("also each positive against every query"),
     "keep_tail": Int("a long text's last pieces kept", 0, zero="the head only"),
     "eval_every_epochs": Int("scored every N-th epoch and the last", 1),
     "train_file": Text("training data"),
@@ -467,6 +472,15 @@ def _finetune_rules(values, devices, processes) -> Iterator[str]:
             f"--config.max_query_length={query} + 3 >= --config.max_seq_length={seq}: no "
             "room is left for the paragraph ([CLS] and two [SEP]s take 3)"
         )
+    if values.get("pooling") == "last" and "chunk_size" not in values:
+        yield "--config.pooling='last' is an embedding pooling; a classifier reads cls or mean"
+    if "chunk_size" in values:  # contrastive fine-tuning (experiments.finetune_embeddings)
+        batch, chunk = values.get("global_batch_size"), values["chunk_size"]
+        if batch is not None and batch < 2:
+            yield (f"--config.global_batch_size={batch}: a batch of one pair has no in-batch "
+                   "negatives; 2 at least")  # fmt: skip
+        if batch and chunk and batch % chunk:
+            yield f"--config.chunk_size={chunk} does not divide --config.global_batch_size={batch}"
     predictions = values.get("max_predictions_per_seq")
     if seq is not None and predictions is not None and predictions > seq:
         yield (f"--config.max_predictions_per_seq={predictions} > --config.max_seq_length={seq}")

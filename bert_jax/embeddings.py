@@ -298,6 +298,8 @@ def load_embedding_model(
     (`directory_settings`), else mean pooling, no normalisation and the model's positions
     (at most 512). `do_lower_case` None takes tokenizer_config.json's beside the vocabulary.
     """
+    import os
+
     from bert_jax import convert
     from data_pipelines.tokenization import load_tokenizer
 
@@ -312,6 +314,8 @@ def load_embedding_model(
         from bert_jax.convert import sentence_transformers
 
         model_dir = sentence_transformers.read_settings(path).model_dir
+    elif where.endswith("finetuned.json"):  # a finetune_embeddings workdir or its checkpoint
+        model_dir = os.path.dirname(where)
     template = BertForEmbedding(BertConfig(), settings["pooling"], settings["normalize"])
     config, params, found_vocab = convert.load_pretrained(model_dir, model=template)
     vocab_file = vocab_file or found_vocab

@@ -65,7 +65,7 @@ def _module(name: str):
 
 
 def _kind(name: str) -> str:
-    downstream = name.startswith(("finetune_", "distill_", "feature_based_"))
+    downstream = name.startswith(("finetune_", "distill_", "feature_based_", "embeddings"))
     return "finetune" if downstream else "pretrain"
 
 

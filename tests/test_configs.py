@@ -121,7 +121,7 @@ def flat_keys(config, prefix: str = "") -> set[str]:
 def test_every_config_file_is_covered():
     for name in sorted(os.listdir(CONFIG_DIR)):
         # Their scripts' tests load them.
-        downstream = name.startswith(("finetune_", "distill_", "feature_based_"))
+        downstream = name.startswith(("finetune_", "distill_", "feature_based_", "embeddings"))
         if name.endswith(".py") and name not in HELPERS and not downstream:
             assert name in PRETRAINING, f"{name} is not checked by tests/test_configs.py"
 

@@ -1,0 +1,132 @@
+"""experiments.finetune_embeddings end to end on a tiny BERT: it learns the pairs, scores
+dev retrieval before and after, and saves a model that embed, convert and
+sentence-transformers read with its pooling; bad pairs files and keys are one line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("USE_TF", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+from finetune_fixtures import TINY, minilm_vocab, pretrained_params
+
+from bert_jax import config_bounds, convert, embeddings
+from bert_jax.config import ConfigError
+from data_pipelines.tasks.formats import TaskDataError
+from data_pipelines.tasks.pairs import read_pairs
+from experiments import finetune_embeddings
+from experiments.configs import embeddings as embeddings_config
+
+WORDS = ("river mountain engine violin harbor desert planet garden winter castle "
+         "pepper rocket candle forest tiger silver").split()  # fmt: skip
+
+
+def _pairs(path, n, negatives=False):
+    """Query word i matches a passage of two other words that share no piece with it:
+    only training can tell which passage is whose."""
+    lines = []
+    for i in range(n):
+        a, b, c = WORDS[i % 16], WORDS[(5 * i + 3) % 16], WORDS[(7 * i + 2) % 16]
+        row = [a, f"{b} {c}"]
+        if negatives:
+            row.append(f"{c} {b}")  # the same words: only their order differs
+        lines.append("\t".join(row))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("embeddings")
+    hf = convert.save_hf(root / "hf", TINY, pretrained_params(), vocab_file=minilm_vocab(),
+                         do_lower_case=True)  # fmt: skip
+    config = embeddings_config.get_config()
+    config.init_from = str(hf)
+    config.train_file = str(_pairs(root / "train.tsv", 16, negatives=True))
+    # The training pairs scored as retrieval: what the run learned shows in its "after".
+    config.dev_file = str(_pairs(root / "dev.tsv", 16))
+    config.global_batch_size = 8
+    config.chunk_size = 4
+    config.num_train_steps = 30
+    config.learning_rate = 2e-3
+    config.warmup_proportion = 0.0
+    config.max_seq_length = 16
+    config.eval_batch_size = 8
+    config.log_every = 5
+    config_bounds.check(config, "finetune", devices=8)
+    workdir = root / "workdir"
+    metrics = finetune_embeddings.run(config, str(workdir))
+    return workdir, metrics, config
+
+
+def test_training_learns_the_pairs_and_scores_dev_before_and_after(trained):
+    workdir, metrics, _ = trained
+    log = [json.loads(line) for line in (workdir / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [5, 10, 15, 20, 25, 30]
+    assert log[-1]["loss"] < 0.5 * log[0]["loss"]
+    assert log[-1]["accuracy"] > log[0]["accuracy"]
+    assert set(metrics["before"]) == {"nDCG@10", "MRR@10", "R@1", "R@10", "R@100"}
+    assert metrics["after"]["MRR@10"] > metrics["before"]["MRR@10"]
+    assert json.loads((workdir / "metrics.json").read_text())["after"] == metrics["after"]
+
+
+def test_the_saved_model_embeds_with_its_pooling_here_and_in_sentence_transformers(
+    trained, tmp_path
+):
+    st = pytest.importorskip("sentence_transformers")
+    from absl import flags
+
+    from bert_jax.convert.__main__ import _define_flags, main
+
+    workdir, _, config = trained
+    model = embeddings.load_embedding_model(str(workdir))
+    assert (model.module.pooling, model.module.normalize, model.max_seq_length) == (
+        "mean", True, 16)  # fmt: skip
+    texts = ["where is the river engine", "the tiger silver is here", ""]
+    ours = embeddings.embed_texts(model, texts, show_progress=False)
+    out = tmp_path / "st"
+    if "pooling" not in flags.FLAGS:
+        _define_flags()
+    flags.FLAGS(["convert", f"--input={workdir / 'checkpoint'}", f"--output={out}",
+                 "--format=sentence-transformers"])  # fmt: skip
+    try:
+        main(["convert"])
+    finally:
+        flags.FLAGS.unparse_flags()
+    theirs = st.SentenceTransformer(str(out), device="cpu").encode(texts, convert_to_numpy=True)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("only a query", r"pairs.tsv:2: one column"),
+        ("a query\t", r"pairs.tsv:2: column 2 is empty"),
+        ("same text\tsame text", r"pairs.tsv:2: the query is identical to its positive"),
+        ("q\tp\tn", r"pairs.tsv:2: 3 columns where the first line has 2"),
+    ],
+)
+def test_a_bad_pairs_line_is_named_by_file_and_line(tmp_path, line, message):
+    path = tmp_path / "pairs.tsv"
+    path.write_text(f"a question\tan answer\n{line}\n", encoding="utf-8")
+    with pytest.raises(TaskDataError, match=message):
+        read_pairs(path)
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("global_batch_size", 1, r"global_batch_size=1: a batch of one pair has no in-batch"),
+        ("pooling", "max", r"--config.pooling='max' is outside its range"),
+        ("chunk_size", 3, r"--config.chunk_size=3 does not divide --config.global_batch_size=64"),
+    ],
+)
+def test_bad_keys_are_refused_by_name(key, value, message):
+    config = embeddings_config.get_config()
+    config[key] = value
+    with pytest.raises(ConfigError, match=message):
+        config_bounds.check(config, "finetune", devices=8)
