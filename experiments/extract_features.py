@@ -7,7 +7,9 @@ Each input line is `text_a` or `text_a ||| text_b`. Each output line is
 
 for every token of `[CLS] A [SEP] (B [SEP])` (a tokenizer.json: its own layout, e.g.
 `<s> A </s></s> B </s>`), with the outputs of the encoder layers in
---layers (-1 is the last layer; the embeddings are not a layer), rounded to 6 decimals,
+--layers (-1 is the encoder's output, transformers' `last_hidden_state`: for a pre-LN
+encoder such as ModernBERT, after its final norm; the others are the layers' outputs as
+transformers' `hidden_states` gives them; the embeddings are not a layer), rounded to 6 decimals,
 exactly as the original extract_features.py writes them (including its `linex_index`).
 
   python -m experiments.extract_features --input_file=input.txt \
@@ -134,7 +136,10 @@ def extract(
     @jax.jit
     def forward(params, ids, mask, types):
         out = model.apply({"params": params}, ids, mask, types, output_hidden_states=True)
-        encoder_layers = out.hidden_states[1:]  # the embeddings are not a layer
+        # The embeddings are not a layer. The last is the encoder's output (transformers'
+        # `last_hidden_state`: a pre-LN encoder's after its final norm), the others each
+        # layer's output (`hidden_states[i]`); in a post-LN BERT the last is both.
+        encoder_layers = [*out.hidden_states[1:-1], out.sequence_output]
         return jax.numpy.stack([encoder_layers[i] for i in layers])  # (K, B, T, H)
 
     total = -(-len(features) // batch_size)
@@ -244,7 +249,13 @@ def _define_flags():
 
     flags.DEFINE_string("input_file", None, "Lines of `text_a` or `text_a ||| text_b`.")
     flags.DEFINE_string("output_file", None, "JSON lines to write.")
-    flags.DEFINE_string("layers", "-1,-2,-3,-4", "Encoder layers to output (-1 is the last).")
+    flags.DEFINE_string(
+        "layers", "-1,-2,-3,-4",
+        "Encoder layers to output. -1 is the encoder's output, transformers' "
+        "last_hidden_state (a pre-LN encoder such as ModernBERT: after its final norm); -2, "
+        "-3, ... and 0, 1, ... are layer outputs, transformers' hidden_states[i] (a pre-LN "
+        "encoder's before any final norm).",
+    )  # fmt: skip
     flags.DEFINE_string(
         "bert_config_file", None, "Model config; default: the one beside --init_checkpoint."
     )

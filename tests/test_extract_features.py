@@ -308,8 +308,8 @@ def _tiny_modernbert_dir(directory: Path) -> Path:
 def test_a_modernbert_directory_and_its_tokenizer_json_match_transformers(tmp_path):
     """--init_checkpoint=<a ModernBERT directory>: its tokenizer.json lays out the inputs
     (pairs cut by its own truncation) and the features are ModernBertModel's hidden states
-    (layer -1: the last layer's output before the final norm, as transformers' last entry
-    of hidden_states)."""
+    (layer -1: the encoder's output after the final norm, transformers' last_hidden_state;
+    -2 and 0: hidden_states, before any final norm)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     source = _tiny_modernbert_dir(tmp_path / "modernbert")
@@ -329,8 +329,11 @@ def test_a_modernbert_directory_and_its_tokenizer_json_match_transformers(tmp_pa
         ids = tok(a, b or None, truncation=True, max_length=20)["input_ids"]
         assert [t["token"] for t in record["features"]] == tok.convert_ids_to_tokens(ids), line
         with torch.no_grad():
-            states = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
-        reference = {-1: states[-1][0], -2: states[-2][0], 0: states[1][0]}
+            out = model(torch.tensor([ids]), output_hidden_states=True)
+        states = out.hidden_states
+        reference = {-1: out.last_hidden_state[0], -2: states[-2][0], 0: states[1][0]}
+        # the final norm moves the output: -1 is not the last layer's raw stream
+        assert np.abs(out.last_hidden_state.numpy() - states[-1].numpy()).max() > 1e-3
         for i, feature in enumerate(record["features"]):
             for layer in feature["layers"]:
                 expected = reference[layer["index"]][i].numpy()
