@@ -539,3 +539,35 @@ def test_two_runs_sharing_a_corpus_directory_take_turns(tmp_path):
     os.close(fd)
     assert done.wait(10)
     waiter.join()
+
+
+def test_convert_of_a_workdir_without_its_own_vocabulary_exits_naming_the_flag(
+    tmp_path, monkeypatch
+):
+    """A workdir whose saved vocabulary is not the model's (`_saved_vocab` gives None, as for
+    a fingerprint mismatch or a missing file): the export is refused, not written without a
+    vocab; with --vocab_file (and --allow_non_finite, a flag convert takes) it goes through."""
+    from absl import flags
+    from finetune_fixtures import minilm_vocab, pretrained_params, write_train_state
+
+    from bert_jax.convert import readers
+    from bert_jax.convert.__main__ import _define_flags, main
+
+    workdir = write_train_state(tmp_path / "run", pretrained_params())
+    monkeypatch.setattr(readers, "_saved_vocab", lambda *args, **kwargs: None)
+    if "allow_non_finite" not in flags.FLAGS:
+        _define_flags()
+
+    def convert(*extra):
+        flags.FLAGS(["convert", f"--input={workdir}", *extra])
+        try:
+            main(["convert"])
+        finally:
+            flags.FLAGS.unparse_flags()
+
+    out = tmp_path / "hf"
+    with pytest.raises(SystemExit, match=r"no vocabulary that is the model's; give .*--vocab_file"):
+        convert(f"--output={out}")
+    assert not out.exists()
+    convert(f"--output={out}", f"--vocab_file={minilm_vocab()}", "--allow_non_finite")
+    assert (out / "vocab.txt").read_bytes() == open(minilm_vocab(), "rb").read()

@@ -75,6 +75,10 @@ def _define_flags():
     )
     flags.DEFINE_bool("scan_layers", False, "Orbax output: stack the layers (scan layout).")
     flags.DEFINE_bool(
+        "allow_non_finite", False,
+        "Read and write weights holding NaN or inf (refused by default, naming the tensor).",
+    )  # fmt: skip
+    flags.DEFINE_bool(
         "overwrite",
         False,
         "Replace --output if it is an export (recognised by its files; never the input).",
@@ -148,12 +152,20 @@ def main(argv) -> None:
         print(f"wrote {FLAGS.output} (ELECTRA: the generator in {FLAGS.output}/generator)")
         return
     config, params, vocab_file = load_pretrained(
-        source_dir, model="auto", config_file=FLAGS.bert_config_file
-    )
+        source_dir, model="auto", config_file=FLAGS.bert_config_file,
+        allow_non_finite=FLAGS.allow_non_finite,
+    )  # fmt: skip
     vocab_file = FLAGS.vocab_file or vocab_file
     # A HF directory's tokenizer (ModernBERT's is tokenizer.json alone, without vocab.txt).
     tokenizer = tokenizer_files(source_dir)
     if vocab_file is None and not tokenizer:
+        if detect_format(source_dir) == "train_state":
+            # Its saved vocabulary is missing, or not the one the model was trained with
+            # (the warning above says which): an export must not carry a stranger's.
+            raise SystemExit(
+                f"convert: {FLAGS.input} has no vocabulary that is the model's; give the "
+                "one it was trained with as --vocab_file"
+            )
         log.warning("No vocab.txt beside %s and no --vocab_file: none written", FLAGS.input)
     if FLAGS.format in ("hf", "sentence-transformers"):
         save_hf(
@@ -165,6 +177,7 @@ def main(argv) -> None:
             do_lower_case=FLAGS.do_lower_case,
             overwrite=FLAGS.overwrite,
             extra_json=_sentence_transformers_files(config) if FLAGS.format != "hf" else None,
+            allow_non_finite=FLAGS.allow_non_finite,
         )
     else:
         config = config.replace(scan_layers=FLAGS.scan_layers)
@@ -176,6 +189,7 @@ def main(argv) -> None:
             vocab_file=vocab_file,
             tokenizer=tokenizer,
             overwrite=FLAGS.overwrite,
+            allow_non_finite=FLAGS.allow_non_finite,
         )
     print(f"wrote {FLAGS.output}")
 
