@@ -135,7 +135,7 @@ def test_a_tiny_run_logs_our_metrics_and_exports_an_encoder_we_import(records, t
     assert final["eval_disc_loss"] == pytest.approx(evals[-1]["disc_loss"])
     assert sorted(os.listdir(out)) == sorted(
         ["config.json", "metrics.jsonl", "model.safetensors", "tensorboard",
-         "tokenizer_config.json", "vocab.txt"]
+         "special_tokens_map.json", "tokenizer_config.json", "vocab.txt"]
     )  # fmt: skip
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no temporary left

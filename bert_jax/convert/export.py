@@ -99,6 +99,73 @@ def _token_ids(vocab_file: str | None, hf_config: dict) -> dict[str, int]:
     return {key: getattr(tokenizer, role) for key, role in roles.items() if key in hf_config}
 
 
+# tokenizer_config.json's key for each role of ours (`Tokenizer.cls_id` ...).
+_ROLES = {"cls_token": "cls_id", "sep_token": "sep_id", "pad_token": "pad_id",
+          "mask_token": "mask_id", "unk_token": "unk_id"}  # fmt: skip
+
+
+def write_tokenizer_config(
+    directory: str, vocab_file: str | None, config: BertConfig, do_lower_case: bool | None
+) -> None:
+    """tokenizer_config.json and special_tokens_map.json in `directory`, naming the special
+    tokens this project resolved for `vocab_file` (`data_pipelines.tokenization`), the
+    casing and the model's length, so that transformers' `AutoTokenizer` and pipelines
+    (fill-mask needs the mask token) work on the export whatever the source held.
+
+    A config copied from the source keeps its keys; only the roles it does not name, the
+    length and an explicit `do_lower_case` are added. A vocab.txt's casing is
+    `do_lower_case`, else the copied config's, else lower-cased (BERT's and transformers'
+    default); a tokenizer.json's normaliser decides its own. Without a vocabulary only an
+    explicit `do_lower_case` is written, as before.
+    """
+    from data_pipelines import tokenization
+
+    path = os.path.join(directory, "tokenizer_config.json")
+    existing = {}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            existing = json.load(f)
+    if not vocab_file:
+        if do_lower_case is not None:
+            existing |= {"do_lower_case": do_lower_case}
+            existing.setdefault("tokenizer_class", "BertTokenizer")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(existing, f, indent=2)
+        return
+    resolved = tokenization.resolve_tokenizer_file(vocab_file)
+    kind = tokenization.tokenizer_kind(resolved, tokenization.read_bytes(resolved, "vocab file"))
+    lower = do_lower_case if do_lower_case is not None else existing.get("do_lower_case", True)
+    tokenizer = tokenization.load_tokenizer(vocab_file, do_lower_case=lower)
+    specials = {}
+    for key, role in _ROLES.items():
+        try:
+            token_id = getattr(tokenizer, role)
+        except (KeyError, tokenization.VocabError):  # no such token (BPE may lack [UNK])
+            continue
+        if token_id is not None:
+            specials[key] = tokenizer.convert_ids_to_tokens([token_id])[0]
+    settings = {"model_max_length": config.max_position_embeddings, **specials}
+    if kind == "wordpiece":
+        settings |= {"tokenizer_class": "BertTokenizer", "do_lower_case": bool(lower)}
+    elif kind == "hf":
+        settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    else:  # a sentencepiece .model: its class is the source's to say
+        settings["do_lower_case"] = bool(lower)
+    merged = {**settings, **existing}
+    merged.update({k: v for k, v in specials.items() if k not in existing})
+    if do_lower_case is not None:
+        merged["do_lower_case"] = do_lower_case
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(merged, f, indent=2, ensure_ascii=False)
+    special_map = os.path.join(directory, "special_tokens_map.json")
+    current = {}
+    if os.path.isfile(special_map):
+        with open(special_map, encoding="utf-8") as f:
+            current = json.load(f)
+    with open(special_map, "w", encoding="utf-8") as f:
+        json.dump({**specials, **current}, f, indent=2, ensure_ascii=False)
+
+
 def save_hf(
     output_dir: str | os.PathLike,
     config: BertConfig,
@@ -143,9 +210,7 @@ def save_hf(
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
             json.dump(hf_config, f, indent=2, sort_keys=True)
         copy_files(tmp, vocab_file, tokenizer)
-        if do_lower_case is not None:
-            with open(os.path.join(tmp, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-                json.dump({"do_lower_case": do_lower_case, "tokenizer_class": "BertTokenizer"}, f)
+        write_tokenizer_config(tmp, vocab_file, config, do_lower_case)
         for name, content in (extra_json or {}).items():
             path = os.path.join(tmp, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)

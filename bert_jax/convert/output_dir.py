@@ -37,6 +37,11 @@ EXPORT_FILES = frozenset(
         "finetuned.json",
         "params",
         "generator",
+        # --format=sentence-transformers's modules (bert_jax.convert.sentence_transformers)
+        "modules.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+        "1_Pooling",
     }
 )
 _TMP, _OLD = "tmp", "old"
