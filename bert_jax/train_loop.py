@@ -349,6 +349,11 @@ class _Pretraining:
         trace = _StepTrace(config, self.workdir, self.start)
         try:
             with sharding.activation_context(self.built.mesh, self.built.run.rules):
+                if config.data.eval_files and config.eval_every > self.stop:
+                    logging.warning(
+                        "eval_every=%d > the run's %d steps: the held-out set is evaluated at "
+                        "step 0 and after the last step only", config.eval_every, self.stop,
+                    )  # fmt: skip
                 if self.start == 0 and config.eval_every:  # 0: never
                     self._evaluate(0)
                 while self.step < self.stop:  # not a range: a rollback takes `step` back
@@ -380,7 +385,7 @@ class _Pretraining:
             self.state, step_metrics = run.train_step(self.state, inputs, self.built.dropout_rng)
         trace.after(step, self.state)
         self.pending.append((step, step_metrics))
-        self.progress.update(1)
+        self._show_finished_steps()
         if step == self.start + 1:  # keep compilation out of the throughput figures
             jax.block_until_ready(self.state.step)
             self.timer = (time.perf_counter(), step)
@@ -393,7 +398,8 @@ class _Pretraining:
         checkpoint_now = (every > 0 and step % every == 0) or step == self.stop or stopping
         if (step % config.log_every == 0 or checkpoint_now) and not self._log(step):
             return False  # rolled back: the steps after the checkpoint are done again
-        if config.eval_every and step % config.eval_every == 0:
+        # The run's last step is always evaluated, whatever eval_every says (0: never).
+        if config.eval_every and (step % config.eval_every == 0 or step == self.stop):
             self.last |= {f"eval_{k}": v for k, v in self._evaluate(step).items()}
         if checkpoint_now:
             self._save(step)
@@ -408,6 +414,16 @@ class _Pretraining:
             if name == "SIGINT":  # Ctrl-C: the process ends non-zero, the step saved
                 raise checkpointing.Interrupted(message)
         return stopping
+
+    def _show_finished_steps(self) -> None:
+        """Advances the bar to the last step whose results are on the host, not to the last
+        dispatched: one step stays in flight (the next batch is prepared while it runs),
+        the one before it is waited for. A bar counting dispatches runs ahead by the queue
+        JAX lets the host build, then sits at 100% while the device catches up."""
+        if len(self.pending) >= 2:
+            done, metrics = self.pending[-2]
+            jax.block_until_ready(metrics)
+            self.progress.update(done - self.progress.n)
 
     def _log(self, step: int) -> bool:
         """Writes the pending steps' metrics; False when a loss spike rolled the run back.
@@ -429,6 +445,7 @@ class _Pretraining:
             self._roll_back_to_last_checkpoint(spike)
             return False
         self.timer = (time.perf_counter(), step)
+        self.progress.update(step - self.progress.n)  # its metrics are on the host now
         self.progress.set_postfix(
             loss=f"{self.last['loss']:.3f}", mlm_acc=f"{self.last['mlm_accuracy']:.3f}"
         )
