@@ -58,6 +58,7 @@ PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 PRETRAIN_OPTIMIZERS = ("adamw", "adamw_bias_corrected", "lamb", "stable_adamw")
 FINETUNE_OPTIMIZERS = ("adamw", "adamw_bias_corrected")
 SCHEDULES = ("linear", "wsd", "constant")
+LABEL_TYPES = ("auto", "class", "number")  # data_pipelines.tasks.own_files.LABEL_TYPES
 DECAY_SHAPES = ("linear", "1-sqrt")  # optim.DECAY_SHAPES: "wsd"'s anneal
 STATE_DTYPES = ("float32", "bfloat16")  # optimizer.mu_dtype, grad_reduce_dtype
 # The rule of the batch axis where `sharding_rules` gives none (bert_jax.sharding.DEFAULT_RULES).
@@ -205,12 +206,24 @@ FINETUNE: dict[str, Bound] = {
     "allow_vocab_change": Flag("a vocab_file other than the encoder's own"),
     "from_scratch": Flag("random weights (the baseline)"),
     "model_overrides.hidden_dropout_prob": Prob("dropout", open_high=True, none="the checkpoint's"),
+    "model_overrides.dtype": Enum(
+        "matmul inputs' dtype", ("float32", "bfloat16", "float16"), none="the checkpoint's"
+    ),
+    "model_overrides.attention_implementation": Enum(
+        "attention", ATTENTION_IMPLEMENTATIONS, none="the checkpoint's"
+    ),
+    "encoder_preset": Enum(
+        "init_from's architecture (checked; aot_compile builds it)", (*PRESETS, *MODERN_PRESETS)
+    ),
+    "topology": Text("the Cloud TPU slice aot_compile compiles for"),
     "task": Text("the task's registry name"),
     "data_dir": Text("the task's files ('': the cached copy)"),
     "data_source": Enum("where the data comes from", ("tsv", "tfds", "json")),
     "skip_malformed": Flag("skip unparsable rows"),
     "pooling": Enum("what the classifier (cls, mean) or the embedding reads",
                     ("cls", "mean", "last")),
+    "labels": Text("your classes in id order, comma-separated ('': the training file's)"),
+    "label_type": Enum("your labels: classes, or numbers to regress on", LABEL_TYPES),
     "chunk_size": Int("pairs embedded at a time (GradCache)", 0, zero="the whole batch"),
     "normalize": Flag("the saved embedding model L2-normalises"),
     "scale": Float("cosine x scale = logits (1 / temperature)", 0, open_low=True),

@@ -201,9 +201,13 @@ def finetune(
 
 def load_task(config: ml_collections.ConfigDict) -> SentenceTask:
     """The config's task, its training split cut to a random `max_train_examples`."""
+    files = None
+    if config.task == "files":  # your own TSV / CSV / JSONL (data_pipelines.tasks.own_files)
+        files = {k: config.get(k, "") for k in ("train_file", "dev_file", "test_file", "labels")}
+        files["label_type"] = config.get("label_type", "auto")
     task = load_sentence_task(
         config.task, config.data_dir or None, source=config.data_source,
-        skip_malformed=config.skip_malformed,
+        skip_malformed=config.skip_malformed, files=files,
     )  # fmt: skip
     if config.max_train_examples:
         # A label budget: a random subset drawn with the run's seed, so seeds differ in the

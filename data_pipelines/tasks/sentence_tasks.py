@@ -1,6 +1,6 @@
 """Every sentence(-pair) classification task by name, with its splits, labels and metrics.
 
-Names: `polarity` (English Rotten-Tomatoes sentences, `tasks.polarity`),
+Names: `files` (your own TSV, CSV or JSONL files, `tasks.own_files`), `polarity` (English Rotten-Tomatoes sentences, `tasks.polarity`),
 `chinese_sentiment` (`tasks.chinese_sentiment`), `imdb` (long movie reviews,
 `tasks.imdb_reviews`), `vitaminc` (claim/evidence pairs in 3 classes, from BIG-bench,
 `tasks.bigbench`), and `glue/<task>` for the nine GLUE tasks
@@ -13,7 +13,14 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from data_pipelines.tasks import bigbench, chinese_sentiment, glue, imdb_reviews, polarity
+from data_pipelines.tasks import (
+    bigbench,
+    chinese_sentiment,
+    glue,
+    imdb_reviews,
+    own_files,
+    polarity,
+)
 from data_pipelines.tasks.formats import SentenceExample
 
 
@@ -35,6 +42,7 @@ def load_sentence_task(
     *,
     source: str = "tsv",
     skip_malformed: bool = False,
+    files: dict | None = None,
 ) -> SentenceTask:
     """Reads the task `name` (see the module docstring).
 
@@ -48,7 +56,10 @@ def load_sentence_task(
             source="tfds": the TFDS data_dir, None for TFDS's default).
         source: "tsv" or "tfds" (GLUE only).
         skip_malformed: GLUE TSVs: skip (and log) rows that do not parse instead of failing.
+        files: "files" (your own data): `own_task`'s arguments.
     """
+    if name == "files":
+        return own_task(**(files or {}))
     if name == "polarity":
         data = polarity.load(data_dir)
         splits = {"train": data.train, "dev": data.dev, "test": data.test}
@@ -89,3 +100,27 @@ def load_sentence_task(
         "'glue/<task>' with "
         f"<task> one of {sorted(glue.TASKS)}"
     )
+
+
+def own_task(
+    train_file: str, dev_file: str = "", test_file: str = "", labels: str = "",
+    label_type: str = "auto",
+) -> SentenceTask:  # fmt: skip
+    """Your own files (`tasks.own_files`): train, optional dev (scored every epoch) and test
+    (scored at the end if labelled, else predicted); accuracy for classes, Pearson and
+    Spearman for numbers."""
+    if not train_file:
+        raise ValueError("task 'files': give --config.train_file (a TSV, CSV or JSONL file)")
+    train = own_files.read_examples(train_file, labeled=True)
+    classes = own_files.label_set(train, labels, label_type)
+    splits = {"train": own_files.check_labels(train, train_file, classes)}
+    if dev_file:
+        dev = own_files.read_examples(dev_file, labeled=True)
+        splits["dev"] = own_files.check_labels(dev, dev_file, classes)
+    if test_file:
+        test = own_files.read_examples(test_file, labeled=False)
+        splits["test"] = own_files.check_labels(test, test_file, classes)
+    metrics = ("accuracy",) if classes is not None else ("pearson", "spearman")
+    eval_splits = ("dev",) if dev_file else ()
+    return SentenceTask("files", classes, metrics, splits, eval_splits,
+                        ("test",) if test_file else ())  # fmt: skip
