@@ -81,3 +81,10 @@ def test_fine_tuning_on_own_files_end_to_end(tmp_path):
     assert 0.0 <= saved["test"]["test"]["accuracy"] <= 1.0  # results["test"][split]
     predictions = (tmp_path / "run" / "predictions_test.tsv").read_text().splitlines()
     assert len(predictions) == 5 and predictions[1].split("\t")[2] in ("neg", "pos")
+
+
+def test_the_bounds_table_names_the_readers_label_types():
+    from bert_jax import config_bounds
+    from data_pipelines.tasks import own_files
+
+    assert config_bounds.LABEL_TYPES == own_files.LABEL_TYPES
