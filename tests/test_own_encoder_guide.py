@@ -106,5 +106,7 @@ def test_the_guide_runs_as_written(tmp_path, xla_cache):
     assert continued["hidden_size"] == source["hidden_size"] == 64
     metrics = json.loads((out / "polarity" / "metrics.json").read_text())
     assert metrics, "fine-tuning wrote no metrics"
+    mine = json.loads((out / "mine" / "metrics.json").read_text())  # section 7: own labels
+    assert mine["num_examples"]["train"] == 2 and "accuracy" in mine["epochs"][-1]["dev"]
     features = (out / "features.jsonl").read_text().splitlines()
     assert len(features) == 2
