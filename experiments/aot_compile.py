@@ -3,6 +3,10 @@ r"""Ahead-of-time fit check: compiles a config's train and eval steps for a TPU 
   python -m experiments.aot_compile --config=experiments/configs/bert_large_paper.py \
       [--topology=v3:8x8] [--mfu=0.4] [--usd_per_chip_hour=2.0]
 
+A contrastive fine-tuning config (`experiments.finetune_embeddings`', with `chunk_size`) is
+compiled and reported by `experiments.aot_embeddings` (its step, its cached-chunk loops
+counted for every trip, the embeddings' all-gather priced).
+
 With the `libtpu` wheel installed (`pip install -e '.[tpu]'`), `jax.experimental.
 topologies` describes a real slice on a CPU-only machine. The config's mesh is laid over
 that slice's devices and the real jitted train and eval steps (the ones
@@ -522,8 +526,12 @@ def run(
 def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    # Every key in its range (as experiments.pretrain checks it), before minutes of compile.
-    config_bounds.check_or_exit(flags.FLAGS.config, "pretrain", "aot_compile")
+    from experiments import aot_embeddings
+
+    contrastive = aot_embeddings.is_contrastive(flags.FLAGS.config)
+    # Every key in its range (as the run checks it), before minutes of compile.
+    kind = "finetune" if contrastive else "pretrain"
+    config_bounds.check_or_exit(flags.FLAGS.config, kind, "aot_compile")
     try:
         import libtpu  # noqa: F401
     except ImportError:
@@ -532,6 +540,8 @@ def main(argv) -> int:
     print(f"config {flags.FLAGS['config'].config_filename}")
     try:
         FLAGS = flags.FLAGS
+        if contrastive:  # experiments.finetune_embeddings' step (experiments/aot_embeddings.py)
+            return aot_embeddings.run(FLAGS.config, FLAGS.topology, FLAGS.negatives, FLAGS.estimate)
         return run(
             FLAGS.config,
             FLAGS.topology,
@@ -570,6 +580,13 @@ def _run():
     )
     flags.register_validator(
         "padding", lambda p: p is None or 0 <= p < 1, "--padding must be in [0, 1)"
+    )
+    flags.DEFINE_integer(
+        "negatives",
+        1,
+        "Contrastive configs (experiments.finetune_embeddings'): hard negatives per pair in the "
+        "training data (1: triplets of query, positive, negative; 0: pairs).",
+        lower_bound=0,
     )
     flags.DEFINE_bool(
         "estimate",

@@ -77,14 +77,19 @@ def batch_indices(num_pairs: int, batch_size: int, seed: int, step: int) -> np.n
 
 
 def cut_to_longest(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Rows `rows` of every array, the token axis cut to the batch's longest text rounded up
-    to 16 (padding is masked: the embeddings are those of the full length)."""
-    masks = [arrays[f"{k}_mask"][rows] for k in TOKEN_KEYS if f"{k}_mask" in arrays]
-    longest = max(int(m.sum(-1).max()) for m in masks)
-    full = arrays["query_tokens"].shape[-1]
-    length = min(full, -(-max(longest, 1) // 16) * 16)
-    return {key: value[rows][..., :length] if key != "positive_ids" else value[rows]
-            for key, value in arrays.items()}  # fmt: skip
+    """Rows `rows` of every array, the token axis of queries, positives and negatives each
+    cut to its own longest text in the batch rounded up to 16 (padding is masked: the
+    embeddings are those of the full length; short questions are not run at a passage's
+    length)."""
+    out = {"positive_ids": arrays["positive_ids"][rows]}
+    for kind in TOKEN_KEYS:
+        if f"{kind}_mask" not in arrays:
+            continue
+        mask = arrays[f"{kind}_mask"][rows]
+        length = min(mask.shape[-1], -(-max(int(mask.sum(-1).max()), 1) // 16) * 16)
+        for key in (f"{kind}_tokens", f"{kind}_mask"):
+            out[key] = arrays[key][rows][..., :length]
+    return out
 
 
 def retrieval_scores(model, dev, batch_size: int, mesh=None) -> dict[str, float]:
@@ -104,12 +109,9 @@ def retrieval_scores(model, dev, batch_size: int, mesh=None) -> dict[str, float]
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """The whole fine-tuning run; returns metrics.json's content."""
     import jax
-    import jax.numpy as jnp
 
-    from bert_jax import embeddings, finetune_common, sharding
+    from bert_jax import embeddings, embeddings_train, finetune_common, sharding
     from bert_jax.config import BertConfig
-    from bert_jax.finetune_common import make_optimizer, replicated
-    from bert_jax.train_state import make_step, sharded_state
     from data_pipelines.tasks.pairs import read_pairs
 
     start = time.time()
@@ -131,35 +133,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
              len(train.negatives[0]), config.train_file, config.pooling, config.global_batch_size,
              f" in chunks of {config.chunk_size}" if config.chunk_size else "")  # fmt: skip
 
+    embeddings_train.check_encoder(config, bert)
     mesh = sharding.create_mesh(config.mesh_shape)
     num_steps = config.num_train_steps
-    tx, schedule = make_optimizer(
-        config.learning_rate, num_steps, warmup_proportion=config.warmup_proportion,
-        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
-        name=config.optimizer,
-    )  # fmt: skip
-    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
-    state, shardings = sharded_state(module, tx, mesh, sample, params=params)
-    trained = module.clone(normalize=False)  # the loss takes cosines itself
-
-    def embed(p, ids, mask, rng):
-        return trained.apply({"params": p}, ids, mask, jnp.zeros_like(ids),
-                             deterministic=False, rngs={"dropout": rng})  # fmt: skip
-
-    def loss_fn(p, batch, rng):
-        return embeddings.contrastive_loss(
-            embed, p, batch, rng, scale=config.scale, symmetric=config.symmetric,
-            chunk_size=config.chunk_size, mesh=mesh,
-        )  # fmt: skip
-
-    data = sharding.batch_sharding(mesh)
-    keys = list(arrays)
-    step_fn = jax.jit(
-        make_step(loss_fn, tx, schedule),
-        in_shardings=(shardings, {k: data for k in keys}, replicated(mesh)),
-        out_shardings=(shardings, replicated(mesh)),
-        donate_argnums=0,
-    )
+    negatives = len(train.negatives[0])
+    # The step aot_compile compiles for a TPU slice: optimizer, sharded state, shardings.
+    contrastive = embeddings_train.make_train_step(config, module, mesh, negatives=negatives,
+                                                   params=params)  # fmt: skip
+    state, step_fn = contrastive.state, contrastive.step
     _, dropout_rng = finetune_common.run_keys(config)
 
     def current_model(p):
@@ -174,7 +155,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     from tqdm import tqdm
 
     history = []
-    with open(os.path.join(workdir, "train_log.jsonl"), "w", encoding="utf-8") as log_file:
+    log_path = os.path.join(workdir, "train_log.jsonl")
+    # The mesh is ambient while the step is traced: the model's activation constraints and
+    # splash's shard_map read it (embeddings_train).
+    with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
         progress = tqdm(range(num_steps), desc="contrastive", unit="step")
         for step in progress:
             rows = batch_indices(len(train), config.global_batch_size, config.seed, step)

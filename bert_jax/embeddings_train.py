@@ -1,0 +1,166 @@
+"""The contrastive train step, built in one place: what `experiments.finetune_embeddings`
+trains and `experiments.aot_compile` compiles for a TPU slice (one abstract state for both).
+
+`make_train_step(config, module, mesh)` gives the optimizer (the fine-tuning recipe's:
+clipping, AdamW, linear warmup over `warmup_proportion`, linear decay to 0), the train
+state born sharded on the mesh (or, without params, its abstract twin with the same
+shardings), the jitted step `(state, batch, rng) -> (state, metrics)` with explicit in/out
+shardings and the state donated, and the batch it takes as `ShapeDtypeStruct`s: every key
+split over the mesh's data axes, at `max_seq_length` (the longest a run pads to).
+
+The step must be traced under `sharding.activation_context(mesh)` (the training loop and
+the ahead-of-time compile both run it there): the model's activation constraints and the
+splash attention's `shard_map` read the ambient mesh.
+
+Model FLOPs (`flops_per_step`): every text (query, positive, hard negatives) is one sequence
+of `max_seq_length` token slots through the encoder; forward + backward is 3 forward passes
+(6 x matmul params x tokens, plus attention), and the cached chunks (GradCache) run the
+forward a second time in the backward pass: 4 forward passes of hardware work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from bert_jax import checkpointing, embeddings, sharding, telemetry
+from bert_jax.config import BertConfig, ConfigError, preset_fields
+from bert_jax.train_state import TrainState, make_step, sharded_state, state_shardings
+
+# The batch keys a step reads (`experiments.finetune_embeddings.tokenize_pairs`): (B, T)
+# token ids and masks, (B, K, T) with K hard negatives per pair, (B,) ids of equal positives.
+PAIR_KEYS = ("query_tokens", "query_mask", "positive_tokens", "positive_mask")
+NEGATIVE_KEYS = ("negative_tokens", "negative_mask")
+POSITIVE_IDS = "positive_ids"
+
+
+class ContrastiveStep(NamedTuple):
+    """Everything one contrastive train step needs, for training and for compiling it."""
+
+    state: TrainState  # step 0, born sharded; without params: ShapeDtypeStructs, same shardings
+    shardings: TrainState
+    step: Callable  # jitted (state, batch, rng) -> (state, metrics); the state is donated
+    batch: dict[str, jax.ShapeDtypeStruct]  # the global batch at max_seq_length, sharded
+    rng: jax.ShapeDtypeStruct  # the dropout key, replicated
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+
+
+def optimizer(config: ml_collections.ConfigDict):
+    """(tx, schedule) of a fine-tuning config (`finetune_common.make_optimizer`)."""
+    from bert_jax.finetune_common import make_optimizer
+
+    return make_optimizer(
+        config.learning_rate, config.num_train_steps, warmup_proportion=config.warmup_proportion,
+        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+        name=config.optimizer,
+    )  # fmt: skip
+
+
+def batch_spec(
+    config: ml_collections.ConfigDict, mesh, negatives: int = 0
+) -> dict[str, jax.ShapeDtypeStruct]:
+    """The global batch of `global_batch_size` pairs with `negatives` hard negatives each, at
+    `max_seq_length`, every key split over the mesh's data axes (`sharding.batch_sharding`)."""
+    b, t, data = config.global_batch_size, config.max_seq_length, sharding.batch_sharding(mesh)
+    shapes = dict.fromkeys(PAIR_KEYS, (b, t))
+    if negatives:
+        shapes |= dict.fromkeys(NEGATIVE_KEYS, (b, negatives, t))
+    shapes[POSITIVE_IDS] = (b,)
+    return {k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=data) for k, s in shapes.items()}
+
+
+def loss_fn(config: ml_collections.ConfigDict, module: embeddings.BertForEmbedding, mesh):
+    """`(params, batch, rng) -> (loss, metrics)`: `contrastive_loss` of the config's scale,
+    symmetry and chunks, the encoder under dropout, candidates gathered over `mesh`."""
+    trained = module.clone(normalize=False)  # the loss takes cosines itself
+
+    def embed(p, ids, mask, rng):
+        return trained.apply({"params": p}, ids, mask, jnp.zeros_like(ids),
+                             deterministic=False, rngs={"dropout": rng})  # fmt: skip
+
+    def loss(p, batch, rng):
+        return embeddings.contrastive_loss(
+            embed, p, batch, rng, scale=config.scale, symmetric=config.symmetric,
+            chunk_size=config.chunk_size, mesh=mesh,
+        )  # fmt: skip
+
+    return loss
+
+
+def make_train_step(
+    config: ml_collections.ConfigDict,
+    module: embeddings.BertForEmbedding,
+    mesh,
+    *,
+    negatives: int = 0,
+    params: Any = None,
+) -> ContrastiveStep:
+    """The contrastive step of `config` for `module` on `mesh` (see the module docstring).
+
+    Args:
+        negatives: hard negatives per pair in the batches (0: in-batch negatives only).
+        params: the params to start from (copied, never donated); None: `state` is abstract.
+    """
+    from bert_jax.finetune_common import replicated, run_keys
+
+    tx, schedule = optimizer(config)
+    sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
+    if params is None:
+        abstract, shardings = state_shardings(module, tx, mesh, sample)
+        state = checkpointing.abstract_like(abstract, shardings)
+    else:
+        state, shardings = sharded_state(module, tx, mesh, sample, params=params)
+    batch = batch_spec(config, mesh, negatives)
+    step = jax.jit(
+        make_step(loss_fn(config, module, mesh), tx, schedule),
+        in_shardings=(shardings, {k: v.sharding for k, v in batch.items()}, replicated(mesh)),
+        out_shardings=(shardings, replicated(mesh)),
+        donate_argnums=0,
+    )
+    key = jax.eval_shape(lambda: run_keys(config)[1])
+    rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated(mesh))
+    return ContrastiveStep(state, shardings, step, batch, rng, tx, schedule)
+
+
+def encoder_config(config: ml_collections.ConfigDict) -> BertConfig:
+    """The encoder `config.encoder_preset` names with the config's `model_overrides`: what
+    the ahead-of-time compile builds where `init_from` is not on the machine."""
+    overrides = {k: v for k, v in config.model_overrides.items() if v is not None}
+    return BertConfig.from_preset(config.encoder_preset, **overrides)
+
+
+def check_encoder(config: ml_collections.ConfigDict, found: BertConfig) -> None:
+    """Refuses an encoder from `init_from` that is not `config.encoder_preset`'s architecture
+    (where the config names one): the step the ahead-of-time check compiled would not be
+    the step this run trains.
+
+    Raises:
+        ConfigError: naming the preset, `init_from` and the first fields that differ.
+    """
+    name = config.get("encoder_preset")
+    if not name:
+        return
+    overridden = {k for k, v in config.model_overrides.items() if v is not None}
+    differ = [f"{k}={getattr(found, k)!r} (preset {v!r})" for k, v in preset_fields(name).items()
+              if k not in overridden and getattr(found, k) != v]  # fmt: skip
+    if differ:
+        raise ConfigError(
+            f"--config.init_from={config.init_from} is not --config.encoder_preset={name}: "
+            f"{', '.join(differ[:3])}"
+        )
+
+
+def flops_per_step(cfg: BertConfig, pairs: int, negatives: int, seq_len: int) -> dict[str, float]:
+    """Model FLOPs of one contrastive step: `model` forward + backward (3 forward passes of
+    every text's `seq_len` slots, the convention of MFU), `with_recompute` adding the cached
+    chunks' second forward (4 passes). The loss's (B, B(1+K)) similarity matrix is left out
+    (under 0.1% of either)."""
+    sequences = pairs * (2 + negatives)
+    forward = sequences * telemetry._encoder_flops(cfg, seq_len)  # layers, attention included
+    return {"model": 3.0 * forward, "with_recompute": 4.0 * forward}

@@ -1,0 +1,394 @@
+r"""The ahead-of-time check of a contrastive fine-tuning config (`experiments.aot_compile`
+hands it any config with `chunk_size`: `experiments.finetune_embeddings`' configs).
+
+  python -m experiments.aot_compile \
+      --config=experiments/configs/embeddings_modernbert_base_tpu.py:recipe [--negatives=1]
+
+The step compiled is `bert_jax.embeddings_train.make_train_step`'s, the one the run trains
+(same optimizer, shardings, donation), on the abstract state and a batch of
+`global_batch_size` pairs with `--negatives` hard negatives each at `max_seq_length`; the
+encoder is `encoder_preset` with the config's `model_overrides` (what `init_from` is checked
+to be at load). The report: per-device memory (XLA's memory analysis) against the chip's
+HBM, the model FLOPs (`embeddings_train.flops_per_step`), the TPU compiler's estimate of the
+step and the MFU it implies, and where the step's time and bytes go.
+
+**The chunk loops.** The cached chunks (GradCache) are `lax.map` loops, one per kind of text
+in the forward pass and one each in the backward pass, and the TPU cost model counts a
+loop's body once, as it counts a scanned layer once. The estimate here adds each body back
+for its other trips: the cost model writes its estimate of every op into the program
+(`estimated_cycles`), so each body's share of the cycles it counted is known, and
+`optimal_seconds` is scaled by (cycles with every body times its trips) / (cycles counted).
+On a toy loop of four (R, 1024) x (1024, 1024) layers under `jax.checkpoint` on a v4-8
+that scaled estimate came within 5% (8 trips) and 11% (32 trips) of the same computation
+unrolled, the loop the dearer: per-trip slicing that unrolled code does not have.
+
+**The breakdown** prices each top-level op of the program (loop bodies x their trips): its
+HBM bytes (operands + result, as laid out: `benchmarks.hbm_breakdown.array_bytes`), its
+share of the estimated cycles (as milliseconds of the scaled estimate), and for a
+collective the bytes each device receives over ICI (an all-gather or reduce-scatter of an
+array of S bytes over n devices: S (n - 1) / n; an all-reduce twice that; a
+collective-permute S). Collectives whose arrays are all weight-shaped (scalars aside) are
+the gradient all-reduce; the others gather the embeddings (the queries' candidates:
+positives and hard negatives of the global batch, and the ids that mask repeated
+positives) and bring their gradient back to each device. The program's collectives carry
+no cycle estimate, so their time is the cost model's for each compiled alone on the same
+devices (`price_collectives`: the (C, H) all-gather and the reduce-scatter of its gradient;
+the all-reduce of every weight's gradient).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import re
+import time
+
+from experiments import aot_compile
+from experiments.aot_compile import HBM_HEADROOM, GiB, MemoryUse
+from experiments.tpu_slice import accelerator_type, topology_chips
+
+_CYCLES = re.compile(r'"estimated_cycles":"([0-9]+)"')
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_DIMS = re.compile(r"\b[a-z][a-z0-9]*\[([0-9,]*)\]")
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# Ops that move nothing themselves (views, tuples, the second half of an async pair).
+_FREE = {
+    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "partition-id",
+    "replica-id", "copy-done", "slice-done", "all-reduce-done", "all-gather-done",
+    "collective-permute-done", "async-done", "after-all", "iota",
+}  # fmt: skip
+
+PARTS = (
+    "encoder: first forward (chunk loops)",
+    "encoder: forward again and backward (chunk loops)",
+    "all-gather of the embeddings (and its backward)",
+    "gradient all-reduce",
+    "loss, its gradient and the rest outside the loops",
+    "optimizer update, norms",
+)
+
+
+def is_contrastive(config) -> bool:
+    """Whether `config` is a contrastive fine-tuning config (`finetune_embeddings`')."""
+    return "chunk_size" in config
+
+
+@dataclasses.dataclass
+class Part:
+    """One row of the breakdown: an op kind's estimated cycles and bytes per device."""
+
+    cycles: float = 0.0
+    hbm_bytes: float = 0.0
+    ici_bytes: float = 0.0
+    ops: int = 0
+
+
+@dataclasses.dataclass
+class Program:
+    """What the compiled program's text says about its loops and where its cost goes."""
+
+    loops: list[tuple[str, int]]  # (first forward | backward, trips) of each while loop
+    counted_cycles: float  # every op once: what the cost model's estimate sums
+    parts: dict[str, Part]  # every op times its loop's trips
+
+    @property
+    def cycles(self) -> float:
+        return sum(p.cycles for p in self.parts.values())
+
+
+def _group_size(attrs: str, devices: int) -> int:
+    """Devices in each group of a collective (`replica_groups`), else all of them."""
+    iota = re.search(r"replica_groups=\[\d+,(\d+)\]<=", attrs)
+    if iota:
+        return int(iota.group(1))
+    listed = re.search(r"replica_groups=\{\{([0-9,]+)\}", attrs)
+    return len(listed.group(1).split(",")) if listed else devices
+
+
+def _trips(hlo_text: str, condition: str) -> int:
+    """A `lax.map` loop's trip count: the constant its condition compares the counter with."""
+    block = re.search(rf"^%{re.escape(condition)} .*?^\}}", hlo_text, re.M | re.S)
+    found = re.findall(r"constant\((\d+)\)", block.group(0)) if block else []
+    if not found:
+        raise ValueError(f"no trip count in the loop condition {condition}")
+    return int(found[-1])
+
+
+def program_costs(hlo_text: str, weight_shapes: set[tuple[int, ...]], devices: int) -> Program:
+    """The loops, cycles and `PARTS` of a compiled contrastive step's program text."""
+    from benchmarks.hbm_breakdown import array_bytes, computations
+
+    comps, entry = computations(hlo_text)
+    shapes = {i.name: i.shape for insts in comps.values() for i in insts}
+    parts = {name: Part() for name in PARTS}
+    loops, counted = [], 0.0
+
+    def walk(computation: str, weight: int, loop: str | None) -> None:
+        nonlocal counted
+        for inst in comps[computation]:
+            if inst.opcode == "while":
+                body = re.search(r"body=%([\w.\-]+)", inst.attrs).group(1)
+                trips = _trips(hlo_text, re.search(r"condition=%([\w.\-]+)", inst.attrs).group(1))
+                name = _OP_NAME.search(inst.attrs)
+                kind = "backward" if name and "transpose(" in name.group(1) else "first forward"
+                loops.append((kind, trips))
+                walk(body, weight * trips, kind)
+                continue
+            if inst.opcode in _FREE:
+                continue
+            cycles = _CYCLES.search(inst.attrs)
+            cycles = int(cycles.group(1)) if cycles else 0
+            counted += cycles
+            arrays = [inst.shape] + [shapes.get(o, "") for o in inst.operands]
+            part = parts[_part(inst, arrays, weight_shapes, loop)]
+            part.cycles += weight * cycles
+            part.hbm_bytes += weight * sum(array_bytes(a) for a in arrays)
+            part.ops += 1
+            if inst.opcode.startswith(_COLLECTIVES):
+                largest = max(array_bytes(a) for a in arrays)
+                if inst.opcode.startswith("collective-permute"):  # one buffer to one peer
+                    part.ici_bytes += weight * largest
+                    continue
+                n = _group_size(inst.attrs, devices)
+                factor = 2 if inst.opcode.startswith("all-reduce") else 1
+                part.ici_bytes += weight * factor * largest * (n - 1) / n
+
+    walk(entry, 1, None)
+    return Program(loops, counted, parts)
+
+
+def _part(inst, arrays: list[str], weight_shapes, loop: str | None) -> str:
+    if inst.opcode.startswith(_COLLECTIVES):
+        dims = [tuple(int(d) for d in m.split(",") if d) for a in arrays for m in _DIMS.findall(a)]
+        dims = [d for d in dims if d]  # scalars (the loss's sums) ride along with either
+        if dims and all(d in weight_shapes for d in dims):
+            return "gradient all-reduce"
+        return "all-gather of the embeddings (and its backward)"
+    if loop == "first forward":
+        return PARTS[0]
+    if loop == "backward":
+        return PARTS[1]
+    name = _OP_NAME.search(inst.attrs)
+    return PARTS[4] if name and "jvp(" in name.group(1) else PARTS[5]
+
+
+def price_collectives(mesh, candidates: tuple[int, int], weight_shapes) -> dict[str, float]:
+    """The cost model's seconds for the step's two collectives, each compiled alone on the
+    same devices (their ops in the step's program carry no cycle estimate of their own):
+    the all-gather of the (C, H) f32 candidates and the reduce-scatter of their gradient
+    (each device's partial sums of all of them, summed into its own rows), and the
+    gradient all-reduce (every weight's f32 gradient summed over the data axes)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    from bert_jax import embeddings, sharding
+
+    data = sharding.batch_sharding(mesh)
+    axes = data.spec[0]
+    n = math.prod(mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,)))
+
+    def seconds(fn, *shapes):
+        args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=data) for s in shapes]
+        return aot_compile.optimal_seconds(jax.jit(fn).lower(*args).compile()) or 0.0
+
+    def sharded(fn, out):
+        spec = PartitionSpec(axes)
+        return jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=out, check_vma=False)
+
+    c, h = candidates
+    scatter = sharded(lambda g: jax.lax.psum_scatter(g, axes, tiled=True), PartitionSpec(axes))
+    weights = sorted(weight_shapes)
+    reduce = sharded(lambda *g: jax.lax.psum(g, axes), PartitionSpec())
+    return {
+        "gather": seconds(lambda x: embeddings.gather_candidates(x, mesh), (c, h))
+        + seconds(scatter, (n * c, h)),
+        "gradients": seconds(reduce, *[(n * w[0], *w[1:]) for w in weights if w]),
+    }
+
+
+@dataclasses.dataclass
+class ContrastiveReport:
+    """What the check found for one contrastive config on one slice."""
+
+    topology: str
+    device_kind: str
+    num_devices: int
+    num_chips: int
+    mesh_shape: dict[str, int]
+    hbm_bytes: int
+    train: MemoryUse
+    flops: dict[str, float]  # embeddings_train.flops_per_step
+    steps: int
+    peak_flops_per_device: float
+    compile_seconds: float
+    layout: str
+    texts: int  # sequences a step: pairs x (2 + negatives)
+    raw_seconds: float | None  # the compiler's estimate, each loop body counted once
+    program: Program | None
+    collective_seconds: dict[str, float] | None = None  # `price_collectives`
+
+    @property
+    def step_seconds(self) -> float | None:
+        """The estimate with every loop body counted for each of its trips."""
+        if self.raw_seconds is None or self.program is None or not self.program.counted_cycles:
+            return self.raw_seconds
+        return self.raw_seconds * self.program.cycles / self.program.counted_cycles
+
+    @property
+    def fits(self) -> bool:
+        return aot_compile.fits(self.train.total, self.hbm_bytes)
+
+    def mfu(self, which: str) -> float:
+        return aot_compile.implied_mfu(
+            self.flops[which], self.step_seconds, self.peak_flops_per_device, self.num_devices
+        )
+
+    def format(self) -> str:
+        def gib(n):
+            return f"{n / GiB:7.2f} GiB"
+
+        t = self.train
+        lines = [
+            f"slice {self.topology} ({accelerator_type(self.topology)}): {self.num_devices} x "
+            f"{self.device_kind} ({self.num_chips} chips), mesh {self.mesh_shape}, compiled in "
+            f"{self.compile_seconds:.0f} s",
+            f"layout: {self.layout}",
+            f"per-device memory     train step   (HBM {gib(self.hbm_bytes)})",
+            f"  arguments        {gib(t.arguments)}",
+            f"  outputs          {gib(t.outputs)}",
+            f"  aliased (donated){gib(t.aliased)}",
+            f"  temporaries      {gib(t.temporaries)}",
+            f"  generated code   {gib(t.generated_code)}",
+            f"  total            {gib(t.total)}",
+            f"  fits: {'yes' if self.fits else 'NO'} ({100 * t.total / self.hbm_bytes:.0f}% of "
+            f"HBM; at most {100 * (1 - HBM_HEADROOM):.1f}% is usable)",
+            f"model FLOPs per step  {self.flops['model']:.4g} (3 forward passes of every text: 6 x "
+            f"matmul params x tokens + attention); {self.flops['with_recompute']:.4g} with the "
+            "cached chunks' second forward (4 passes)",
+        ]
+        if self.step_seconds is None:
+            lines.append("compiler's estimate: none (the cost model gave no optimal_seconds)")
+            return "\n".join(lines)
+        kinds = collections.Counter(kind for kind, _ in self.program.loops)
+        trips = sorted({n for _, n in self.program.loops})
+        lines.append(
+            f"chunk loops: {kinds['first forward']} in the forward pass, {kinds['backward']} in "
+            f"the backward, {'/'.join(map(str, trips))} trips each (the cost model counts a "
+            "body once)"
+        )
+        seconds, days = self.step_seconds, self.step_seconds * self.steps / 86400
+        lines += [
+            f"compiler's estimate: {seconds * 1e3:.1f} ms/step (the loops' bodies counted once: "
+            f"{self.raw_seconds * 1e3:.1f} ms) = MFU {self.mfu('model'):.1%} (model FLOPs), "
+            f"{self.mfu('with_recompute'):.1%} with the cached forward",
+            f"  {self.steps:,} steps = {aot_compile.duration(days)} "
+            f"({days * 24 * self.num_chips:,.0f} chip-hours); {self.texts / seconds:,.0f} texts/s",
+            "where the step goes, per device (loop bodies x their trips): ms of the estimate "
+            "by each part's share of the ops' estimated cycles; a collective's ops carry none, "
+            "so its ms is the compiler's price of it compiled alone (`price_collectives`)",
+            "| part | ms | HBM GB | ICI MB received | ops |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        total = self.program.cycles or 1
+        alone = self.collective_seconds or {}
+        priced = {PARTS[2]: alone.get("gather"), PARTS[3]: alone.get("gradients")}
+        for name, part in self.program.parts.items():
+            if not part.ops:
+                continue
+            ms = priced.get(name)
+            ms = (
+                f"{ms * 1e3:.3g} (alone)"
+                if ms is not None
+                else f"{seconds * 1e3 * part.cycles / total:.1f}"
+            )
+            ici = f"{part.ici_bytes / 1e6:,.1f}" if part.ici_bytes else ""
+            lines.append(f"| {name} | {ms} | {part.hbm_bytes / 1e9:.2f} | {ici} | {part.ops:,} |")
+        return "\n".join(lines)
+
+
+def lower_step(config, devices, negatives: int):
+    """(lowered step, mesh, encoder config, weight shapes) of `config`'s contrastive step:
+    `embeddings_train.make_train_step` on the abstract state, traced under the mesh."""
+    import jax
+
+    from bert_jax import embeddings, embeddings_train, sharding
+
+    mesh = sharding.create_mesh(config.mesh_shape, devices=devices)
+    cfg = embeddings_train.encoder_config(config)
+    module = embeddings.BertForEmbedding(cfg, config.pooling, config.normalize)
+    built = embeddings_train.make_train_step(config, module, mesh, negatives=negatives)
+    with sharding.activation_context(mesh):
+        lowered = built.step.lower(built.state, built.batch, built.rng)
+    weights = {tuple(x.shape) for x in jax.tree.leaves(built.state.params)}
+    return lowered, mesh, cfg, weights
+
+
+def layout_of(config, mesh_shape: dict[str, int], cfg, negatives: int, devices: int) -> str:
+    axes = ", ".join(f"{name} {size}" for name, size in mesh_shape.items() if size > 1)
+    pairs, chunk = config.global_batch_size, config.chunk_size or config.global_batch_size
+    texts = pairs * (2 + negatives)
+    return (
+        f"mesh ({axes or 'one device'}), weights replicated; {pairs:,} pairs + {negatives} hard "
+        f"negative(s) each ({texts:,} texts of {config.max_seq_length} tokens), cached chunks "
+        f"of {chunk:,} pairs ({chunk / devices:g} per device), {cfg.attention_implementation} "
+        f"attention, {cfg.dtype} matmuls, remat {cfg.remat_policy}"
+    )
+
+
+def check(config, topology: str, negatives: int, estimate: bool = True) -> ContrastiveReport:
+    """Compiles `config`'s contrastive step for the TPU slice `topology` and reports it."""
+    from bert_jax import embeddings_train
+
+    devices = aot_compile.slice_devices(topology)
+    kind = devices[0].device_kind
+    start = time.perf_counter()
+    lowered, mesh, cfg, weights = lower_step(config, devices, negatives)
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - start
+    raw = aot_compile.optimal_seconds(compiled) if estimate else None
+    program = program_costs(compiled.as_text(), weights, len(devices)) if raw else None
+    pairs = config.global_batch_size
+    candidates = (pairs * (1 + negatives), cfg.hidden_size)
+    alone = price_collectives(mesh, candidates, weights) if raw else None
+    return ContrastiveReport(
+        topology=topology,
+        device_kind=kind,
+        num_devices=len(devices),
+        num_chips=topology_chips(topology),
+        mesh_shape=dict(mesh.shape),
+        hbm_bytes=aot_compile.device_hbm_bytes(kind),
+        train=MemoryUse.of(compiled),
+        flops=embeddings_train.flops_per_step(cfg, pairs, negatives, config.max_seq_length),
+        steps=config.num_train_steps,
+        peak_flops_per_device=aot_compile.device_peak_flops(kind),
+        compile_seconds=seconds,
+        layout=layout_of(config, dict(mesh.shape), cfg, negatives, len(devices)),
+        texts=pairs * (2 + negatives),
+        raw_seconds=raw,
+        program=program,
+        collective_seconds=alone,
+    )
+
+
+def run(config, topology: str | None, negatives: int, estimate: bool = True) -> int:
+    """Checks the contrastive `config`, prints the report; returns the exit status (0 fits,
+    1 does not, 2 no slice to check for)."""
+    topology = topology or config.get("topology")
+    if not topology:
+        print("the config has no `topology` key: pass --topology (e.g. --topology=v4:2x2x1)")
+        return 2
+    print(f"compiling the contrastive step for {topology} ...", flush=True)
+    try:
+        report = check(config, topology, negatives, estimate)
+    except Exception as e:  # noqa: BLE001  (the compiler's errors are not typed)
+        if not aot_compile.is_out_of_memory(e):
+            raise
+        print(f"DOES NOT FIT on {topology}: the TPU compiler ran out of HBM:\n{e}")
+        return 1
+    print(report.format())
+    if not report.fits:
+        print(f"DOES NOT FIT on {topology}: needs {report.train.total / GiB:.2f} GiB per device")
+        return 1
+    return 0
