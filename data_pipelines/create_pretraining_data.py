@@ -211,16 +211,18 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
     # Which vocabulary the ids are of: the runs that read the records check it.
     stats["vocab"] = vocab_fingerprint.fingerprint(options.vocab_file)
     if totals.overlong_sentences:
-        log.warning(
-            "%d sentences (lines) have more tokens than an instance holds (%d): only part of "
-            "each is used (%d tokens cut in all, see the stats' truncation); the longest line "
-            "is %s (%d bytes)",
-            totals.overlong_sentences,
-            options.max_seq_length - (3 if options.next_sentence else 2),
-            totals.truncated_tokens,
-            read_stats.longest_line or "in a non-text input",
-            read_stats.longest_line_bytes,
+        room = options.max_seq_length - (3 if options.next_sentence else 2)
+        done = (
+            f"the instances holding them were cut, {totals.truncated_tokens} tokens in all"
+            if totals.truncated_tokens
+            else "no token was cut (the segments around them took the cut)"
         )
+        log.warning(
+            "%d sentences (lines) have more tokens than an instance holds (%d): %s (see the "
+            "stats' truncation); the longest line is %s (%d bytes)",
+            totals.overlong_sentences, room, done,
+            read_stats.longest_line or "in a non-text input", read_stats.longest_line_bytes,
+        )  # fmt: skip
     _write_json_atomically(stats_path, stats)
     log.info("wrote %d instances to %s in %.1f s", totals.instances, writer.paths, seconds)
     return stats
@@ -345,6 +347,13 @@ def _stats_dict(
 # Command line.
 
 
+def default_dupe_factor(masking: str) -> int:
+    """--dupe_factor when not given: the original's 10 masked copies for static masking;
+    1 for dynamic masking, which draws new masks every epoch (copies would only repeat)."""
+    return 1 if masking == "dynamic" else Options(input_file="", output_file="",
+                                                   vocab_file="").dupe_factor  # fmt: skip
+
+
 def _define_flags() -> None:
     from absl import flags
 
@@ -380,8 +389,11 @@ def _define_flags() -> None:
     )
     flags.DEFINE_integer("random_seed", defaults.random_seed, "Random seed for data generation.")
     flags.DEFINE_integer(
-        "dupe_factor", defaults.dupe_factor, "Passes over the input (with different masks)."
-    )
+        "dupe_factor", None,
+        f"Passes over the input (with different masks); default {defaults.dupe_factor} with "
+        "static masking (the original's), 1 with --masking=dynamic (each epoch masks anew, "
+        "so copies only repeat the same text).",
+    )  # fmt: skip
     flags.DEFINE_float("masked_lm_prob", defaults.masked_lm_prob, "Masked LM probability.")
     flags.DEFINE_float(
         "short_seq_prob",
@@ -482,7 +494,7 @@ def main(argv: list[str]) -> None:
         max_seq_length=f.max_seq_length,
         max_predictions_per_seq=f.max_predictions_per_seq,
         random_seed=f.random_seed,
-        dupe_factor=f.dupe_factor,
+        dupe_factor=default_dupe_factor(f.masking) if f.dupe_factor is None else f.dupe_factor,
         masked_lm_prob=f.masked_lm_prob,
         short_seq_prob=f.short_seq_prob,
         num_output_shards=f.num_output_shards,

@@ -4,6 +4,7 @@ results are on the host, not steps dispatched."""
 
 from __future__ import annotations
 
+import json
 import logging
 import types
 
@@ -58,3 +59,26 @@ def test_the_bar_shows_a_step_once_its_results_are_on_the_host():
         train_loop.jax.block_until_ready = real
     assert loop.progress.n == 2  # step 3 still in flight: not counted
     assert [w["loss"] for w in waited] == [1, 2]  # each shown step was waited for
+
+
+def test_dynamic_masking_writes_one_copy_unless_told_and_static_keeps_ten(tmp_path):
+    import subprocess
+    import sys
+
+    from data_pipelines.create_pretraining_data import default_dupe_factor
+
+    assert (default_dupe_factor("dynamic"), default_dupe_factor("static")) == (1, 10)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat.\nit was warm.\n\na dog ran.\nit barked.\n")
+    counts = {}
+    for name, extra in (("dynamic", []), ("dynamic3", ["--dupe_factor=3"])):
+        out = tmp_path / f"{name}.tfrecord"
+        subprocess.run(
+            [sys.executable, "-m", "data_pipelines.create_pretraining_data",
+             f"--input_file={corpus}", f"--output_file={out}", f"--vocab_file={synth.minilm_vocab()}",
+             "--masking=dynamic", "--max_seq_length=16", *extra],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        stats = json.loads(next(tmp_path.glob(f"{name}*.json")).read_text())
+        counts[name] = stats["options"]["dupe_factor"]
+    assert counts == {"dynamic": 1, "dynamic3": 3}
