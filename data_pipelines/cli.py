@@ -5,6 +5,8 @@
 - A `--config.<key>=value` override naming no key of the config is one line naming the key
   and the closest valid keys, instead of the traceback ml_collections raises from inside
   flag parsing.
+- An error about the user's input (a missing file, a vocabulary or task file that does not
+  read, an output that is an input) is one line naming the tool, not a traceback.
 - `check_same_flags`: a tool whose workdir outputs are reused on a rerun records the flags
   they depend on there, and refuses the workdir when a rerun changes them.
 - A tool that starts tools (the demo's stages) stops them when it stops: `run_child` sends
@@ -79,7 +81,36 @@ def run(main: Callable[[list[str]], object], *, stop_on_sigterm: bool = False) -
     _define_help_flags()
     if stop_on_sigterm:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    app.run(main, flags_parser=_parse_flags)
+    app.run(_input_errors_in_one_line(main), flags_parser=_parse_flags)
+
+
+def _input_errors(error: BaseException) -> bool:
+    """Whether `error` is about the user's input (a file that is not there or not a file, a
+    vocabulary or task file that does not read), said in full by its message."""
+    from data_pipelines.paths import GlobCharactersError, OutputIsInputError
+    from data_pipelines.tasks.formats import TaskDataError
+    from data_pipelines.tokenizer_base import VocabError
+
+    kinds = (FileNotFoundError, IsADirectoryError, NotADirectoryError, VocabError,
+             TaskDataError, OutputIsInputError, GlobCharactersError)  # fmt: skip
+    return isinstance(error, kinds)
+
+
+def _input_errors_in_one_line(main: Callable[[list[str]], object]):
+    """`main`, where an input error (`_input_errors`) ends the tool with one line naming the
+    tool and what is wrong, not a traceback: a missing vocab file reads as the other
+    vocabulary errors do."""
+    tool = os.path.splitext(os.path.basename(sys.argv[0] or "tool"))[0]
+
+    def wrapped(argv):
+        try:
+            return main(argv)
+        except Exception as error:  # noqa: BLE001 - re-raised unless it is the user's input
+            if not _input_errors(error):
+                raise
+            raise SystemExit(f"{tool}: {error}") from None
+
+    return wrapped
 
 
 # --- tools that start tools ---------------------------------------------------------------

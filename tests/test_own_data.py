@@ -82,3 +82,20 @@ def test_dynamic_masking_writes_one_copy_unless_told_and_static_keeps_ten(tmp_pa
         stats = json.loads(next(tmp_path.glob(f"{name}*.json")).read_text())
         counts[name] = stats["options"]["dupe_factor"]
     assert counts == {"dynamic": 1, "dynamic3": 3}
+
+
+def test_a_missing_vocab_file_is_one_line_naming_the_tool_and_the_file(tmp_path):
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a line.\n\nanother.\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "data_pipelines.create_pretraining_data", f"--input_file={corpus}",
+         f"--output_file={tmp_path / 'out.tfrecord'}", f"--vocab_file={tmp_path / 'none.txt'}"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"create_pretraining_data: vocab file not found: {tmp_path / 'none.txt'}")  # fmt: skip
+    assert "Traceback" not in result.stderr
