@@ -295,6 +295,12 @@ def build_vocab(
     }
 
 
+def default_lower_case(model_type: str) -> bool:
+    """--do_lower_case when not given: BERT's uncased WordPiece (and sentencepiece) lower-case;
+    a byte-level BPE keeps case, as ModernBERT's and RoBERTa's do."""
+    return model_type != "bpe"
+
+
 def main(argv: list[str]) -> None:
     """Entry point."""
     del argv
@@ -307,7 +313,8 @@ def main(argv: list[str]) -> None:
             f.input_file,
             f.output_file,
             vocab_size=f.vocab_size,
-            do_lower_case=f.do_lower_case,
+            do_lower_case=default_lower_case(f.model_type) if f.do_lower_case is None
+            else f.do_lower_case,
             num_unused=f.num_unused,
             model_type=f.model_type,
         )
@@ -338,7 +345,11 @@ if __name__ == "__main__":
         "Size of the vocabulary, special tokens included. bpe pads it with [unusedN] slots "
         f"to a multiple of {BPE_VOCAB_MULTIPLE}, as ModernBERT.",
     )
-    flags.DEFINE_bool("do_lower_case", True, "Lower-case (uncased vocabulary).")
+    flags.DEFINE_bool(
+        "do_lower_case", None,
+        "Lower-case (an uncased vocabulary); default: yes for wordpiece and sentencepiece "
+        "(BERT's uncased models), no for bpe (ModernBERT's and RoBERTa's tokenizers are cased).",
+    )  # fmt: skip
     flags.DEFINE_integer(
         "num_unused", 0, "[unusedN] slots: after [PAD] (wordpiece), at the end (bpe)."
     )

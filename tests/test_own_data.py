@@ -99,3 +99,20 @@ def test_a_missing_vocab_file_is_one_line_naming_the_tool_and_the_file(tmp_path)
     assert result.stderr.strip().splitlines()[-1] == (
         f"create_pretraining_data: vocab file not found: {tmp_path / 'none.txt'}")  # fmt: skip
     assert "Traceback" not in result.stderr
+
+
+def test_build_vocab_bpe_keeps_case_by_default_as_modernberts_tokenizer(tmp_path):
+    import subprocess
+    import sys
+
+    from tokenizers import Tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Paris is a City in France.\nLondon is a City too.\n" * 20)
+    out = tmp_path / "tok" / "tokenizer.json"
+    subprocess.run(
+        [sys.executable, "-m", "data_pipelines.build_vocab", "--model_type=bpe",
+         f"--input_file={corpus}", f"--output_file={out}", "--vocab_size=320"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    assert Tokenizer.from_file(str(out)).normalizer.normalize_str("Paris") == "Paris"
