@@ -159,21 +159,27 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # The mesh is ambient while the step is traced: the model's activation constraints and
     # splash's shard_map read it (embeddings_train).
     with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
-        progress = tqdm(range(num_steps), desc="contrastive", unit="step")
-        for step in progress:
+        progress = tqdm(total=num_steps, desc="contrastive", unit="step")
+        for step in range(num_steps):
             rows = batch_indices(len(train), config.global_batch_size, config.seed, step)
             batch = sharding.global_batch(cut_to_longest(arrays, rows), mesh)
             state, step_metrics = step_fn(state, batch, dropout_rng)
             history.append(step_metrics)
+            # The bar counts steps whose results are on the host: one step stays in flight.
+            if len(history) >= 2:
+                jax.block_until_ready(history[-2])
+                progress.update(step - progress.n)
             if (step + 1) % config.log_every == 0 or step + 1 == num_steps:
                 window = finetune_common.fetch_finite(history, step + 2 - len(history))
                 record = {k: float(np.mean([m[k] for m in window])) for k in window[-1]}
                 record["learning_rate"] = float(window[-1]["learning_rate"])
                 log_file.write(json.dumps({"step": step + 1, **record}) + "\n")
                 log_file.flush()
+                progress.update(step + 1 - progress.n)
                 progress.set_postfix(loss=f"{record['loss']:.4f}",
                                      acc=f"{record['accuracy']:.3f}")  # fmt: skip
                 history = []
+        progress.close()
     params = jax.device_get(state.params)
     if dev is not None:
         metrics["after"] = retrieval_scores(current_model(params), dev, config.eval_batch_size)
