@@ -10,7 +10,8 @@ CORPUS := $(WORKDIR)/shakespeare
 
 .PHONY: install test test-extended test-slow demo features finetune-minilm ner-minilm features-ner-minilm pretrain \
 	pretrain-data lint clean help squad-minilm vitaminc-minilm imdb-minilm msra-minilm choice-minilm \
-	ablations-objectives ablations-size ablations-features electra-compare recipe-compare
+	ablations-objectives ablations-size ablations-features electra-compare recipe-compare \
+	retrieval
 
 help:  ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -135,6 +136,9 @@ electra-compare: $(STAMP)  ## ELECTRA vs MLM at equal compute (BERT-tiny, IMDB, 
 
 recipe-compare: $(STAMP)  ## the demo's recipes (BERT, each modern choice, all) at equal wall time (CPU hours)
 	$(PY) -m experiments.recipe_compare --workdir=$(WORKDIR)/recipe_compare $(ARGS)
+
+retrieval: $(STAMP)  ## SQuAD-dev passage retrieval: BM25, the published MiniLM, pretrained here vs scratch (CPU, ~40 min)
+	$(PY) -m experiments.retrieval_table --workdir=$(WORKDIR)/retrieval $(ARGS)
 
 # --- the embedded default: BERT-tiny pretrained on Shakespeare, from nothing -------------
 

