@@ -541,7 +541,10 @@ def main(argv) -> int:
     try:
         FLAGS = flags.FLAGS
         if contrastive:  # experiments.finetune_embeddings' step (experiments/aot_embeddings.py)
-            return aot_embeddings.run(FLAGS.config, FLAGS.topology, FLAGS.negatives, FLAGS.estimate)
+            layers = tuple(int(n) for n in FLAGS.proxy_layers) if FLAGS.proxy_layers else None
+            return aot_embeddings.run(
+                FLAGS.config, FLAGS.topology, FLAGS.negatives, FLAGS.estimate, layers
+            )
         return run(
             FLAGS.config,
             FLAGS.topology,
@@ -587,6 +590,18 @@ def _run():
         "Contrastive configs (experiments.finetune_embeddings'): hard negatives per pair in the "
         "training data (1: triplets of query, positive, negative; 0: pairs).",
         lower_bound=0,
+    )
+    flags.DEFINE_list(
+        "proxy_layers",
+        None,
+        "Contrastive configs: two layer counts (e.g. 3,6: whole periods of the global layers) "
+        "to compile the encoder cut to, the report extrapolated to its own layers (the whole "
+        "program's compile can need more host memory than the machine has).",
+    )
+    flags.register_validator(
+        "proxy_layers",
+        lambda v: v is None or (len(v) == 2 and all(n.isdigit() and int(n) > 0 for n in v)),
+        "--proxy_layers takes two layer counts, e.g. 3,6",
     )
     flags.DEFINE_bool(
         "estimate",

@@ -148,6 +148,34 @@ def test_model_flops_count_every_text_and_the_cached_forward():
     assert flops["with_recompute"] == pytest.approx(4 * forward)
 
 
+def test_an_extrapolation_continues_every_figure_on_the_line_through_two_proxies():
+    from experiments import aot_embeddings
+    from experiments.aot_compile import MemoryUse
+
+    def proxy(layers):
+        parts = {name: aot_embeddings.Part(10.0 * layers, 1e9 * layers, 1e6, 4) for name in
+                 aot_embeddings.PARTS}  # fmt: skip
+        return aot_embeddings.ContrastiveReport(
+            topology="v4:2x2x1", device_kind="TPU v4", num_devices=4, num_chips=4,
+            mesh_shape={"data": 4}, hbm_bytes=32 * 2**30,
+            train=MemoryUse(100 + layers, 100 + layers, 100 + layers, 1000 * layers, 7),
+            flops={}, steps=10, peak_flops_per_device=275e12, compile_seconds=60.0,
+            layout="", texts=96, raw_seconds=0.001 * layers, step_seconds=0.002 * layers,
+            program=aot_embeddings.Program([("first forward", 8)], 5.0 * layers, parts),
+            collective_seconds={"gather": 0.5, "gradients": 0.1 * layers}, layers=layers,
+        )  # fmt: skip
+
+    cfg = BertConfig.from_preset("modernbert_base")
+    flops = {"model": 1.0, "with_recompute": 2.0}
+    out = aot_embeddings.extrapolate(proxy(3), proxy(6), cfg, flops)
+    assert out.layers == 22 and out.flops is flops and out.compile_seconds == 120.0
+    assert out.step_seconds == pytest.approx(0.044) and out.raw_seconds == pytest.approx(0.022)
+    assert out.train == MemoryUse(122, 122, 122, 22_000, 7)
+    assert out.program.parts[aot_embeddings.PARTS[0]].hbm_bytes == pytest.approx(22e9)
+    assert out.collective_seconds == pytest.approx({"gather": 0.5, "gradients": 2.2})
+    assert [p.layers for p in out.proxies] == [3, 6] and "extrapolated from 3 and 6" in out.layout
+
+
 # --- compiled for a TPU slice (libtpu) -------------------------------------------------------
 
 TINY_TPU = (
