@@ -185,7 +185,7 @@ def _part(inst, arrays: list[str], weight_shapes, loop: str | None) -> str:
     return PARTS[4] if name and "jvp(" in name.group(1) else PARTS[5]
 
 
-def price_collectives(mesh, candidates: tuple[int, int], weight_shapes) -> dict[str, float]:
+def price_collectives(mesh, candidates: tuple[int, int], weight_shapes: list) -> dict[str, float]:
     """The cost model's seconds for the step's two collectives, each compiled alone on the
     same devices (their ops in the step's program carry no cycle estimate of their own):
     the all-gather of the (C, H) f32 candidates and the reduce-scatter of their gradient
@@ -211,12 +211,13 @@ def price_collectives(mesh, candidates: tuple[int, int], weight_shapes) -> dict[
 
     c, h = candidates
     scatter = sharded(lambda g: jax.lax.psum_scatter(g, axes, tiled=True), PartitionSpec(axes))
-    weights = sorted(weight_shapes)
-    reduce = sharded(lambda *g: jax.lax.psum(g, axes), PartitionSpec())
+    # One f32 vector of every weight's elements: the bytes the combined all-reduce moves.
+    elements = sum(math.prod(shape) for shape in weight_shapes)
+    reduce = sharded(lambda g: jax.lax.psum(g, axes), PartitionSpec())
     return {
         "gather": seconds(lambda x: embeddings.gather_candidates(x, mesh), (c, h))
         + seconds(scatter, (n * c, h)),
-        "gradients": seconds(reduce, *[(n * w[0], *w[1:]) for w in weights if w]),
+        "gradients": seconds(reduce, (n * elements,)),
     }
 
 
@@ -343,7 +344,7 @@ def lower_step(config, devices, negatives: int, layers: int | None = None):
     built = embeddings_train.make_train_step(config, module, mesh, negatives=negatives)
     with sharding.activation_context(mesh):
         lowered = built.step.lower(built.state, built.batch, built.rng)
-    weights = {tuple(x.shape) for x in jax.tree.leaves(built.state.params)}
+    weights = [tuple(x.shape) for x in jax.tree.leaves(built.state.params)]
     return lowered, mesh, cfg, weights
 
 
@@ -373,7 +374,7 @@ def check(
     compiled = lowered.compile()
     seconds = time.perf_counter() - start
     raw = aot_compile.optimal_seconds(compiled) if estimate else None
-    program = program_costs(compiled.as_text(), weights, len(devices)) if raw else None
+    program = program_costs(compiled.as_text(), set(weights), len(devices)) if raw else None
     step = raw * program.cycles / program.counted_cycles if program else raw
     pairs = config.global_batch_size
     candidates = (pairs * (1 + negatives), cfg.hidden_size)
