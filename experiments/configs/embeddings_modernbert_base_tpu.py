@@ -24,18 +24,20 @@ Variants (`:recipe`, the default, and `:pod`):
 
 Both are data parallel with the f32 state replicated (149M params: 1.8 GB a chip with the
 two Adam moments) and splash attention. Texts are cut at 256 tokens (the recipe's
-sentence-transformers limit was ModernBERT's 8,192, which MS MARCO's passages never reach;
-each batch is padded only to its longest text, rounded up to 16). The compiled step, its
+sentence-transformers limit was ModernBERT's 8,192; MS MARCO's passages are short, and the
+few longer than 256 tokens are cut here); each batch is padded only to its longest text,
+rounded up to 16, so the compiled 256 is the worst case. The compiled step, its
 memory, the compiler's time estimate and where the bytes and the embeddings' all-gather go:
 docs/tpu_modernbert.md, "Contrastive fine-tuning".
 
-  python -m experiments.aot_compile \
+  python -m experiments.aot_compile --proxy_layers=3,6 \
       --config=experiments/configs/embeddings_modernbert_base_tpu.py:recipe   # or :pod
 
   # the triplets as a TSV of query, positive, negative (tabs and newlines in texts removed)
   gcloud compute tpus tpu-vm create embed --zone=us-central2-b --accelerator-type=v4-8 \
       --version=tpu-ubuntu2204-base
-  make tpu-setup TPU_NAME=embed ZONE=us-central2-b && make tpu-ssh TPU_NAME=embed ZONE=...
+  make tpu-setup TPU_NAME=embed ZONE=us-central2-b
+  make tpu-ssh TPU_NAME=embed ZONE=us-central2-b
   # on the worker, in ~/bert_jax:
   huggingface-cli download answerdotai/ModernBERT-base --local-dir ModernBERT-base
   .venv/bin/python -m experiments.finetune_embeddings \
