@@ -292,22 +292,19 @@ def test_modernbert_mean_pooling_reads_the_output_after_the_final_norm(tmp_path)
 def test_sentence_transformers_export_loads_with_equal_embeddings(tmp_path, minilm):
     """convert --format=sentence-transformers of a plain HF BERT with cls pooling: the
     reference loads it and embeds as we do; reading it back gives its pooling."""
-    from bert_jax.convert.__main__ import _define_flags, main
-    from absl import flags
+    import subprocess
+    import sys
 
     hf_dir = tmp_path / "hf"
     convert.save_hf(hf_dir, minilm.module.config, minilm.params["bert"],
                     vocab_file=minilm.vocab_file)  # fmt: skip
     out = tmp_path / "st"
-    if "pooling" not in flags.FLAGS:
-        _define_flags()
-    flags.FLAGS([
-        "convert", f"--input={hf_dir}", f"--output={out}", "--format=sentence-transformers",
-        "--pooling=cls", "--normalize", "--max_seq_length=128"])  # fmt: skip
-    try:
-        main(["convert"])
-    finally:
-        flags.FLAGS.unparse_flags()
+    subprocess.run(
+        [sys.executable, "-m", "bert_jax.convert", f"--input={hf_dir}", f"--output={out}",
+         "--format=sentence-transformers", "--pooling=cls", "--normalize",
+         "--max_seq_length=128"],
+        check=True, capture_output=True,
+    )  # fmt: skip
     theirs = st.SentenceTransformer(str(out), device="cpu").encode(TEXTS, convert_to_numpy=True)
     back = embeddings.load_embedding_model(str(out))
     assert (back.module.pooling, back.module.normalize, back.max_seq_length) == ("cls", True, 128)

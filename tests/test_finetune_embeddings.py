@@ -78,9 +78,8 @@ def test_the_saved_model_embeds_with_its_pooling_here_and_in_sentence_transforme
     trained, tmp_path
 ):
     st = pytest.importorskip("sentence_transformers")
-    from absl import flags
-
-    from bert_jax.convert.__main__ import _define_flags, main
+    import subprocess
+    import sys
 
     workdir, _, config = trained
     model = embeddings.load_embedding_model(str(workdir))
@@ -89,14 +88,11 @@ def test_the_saved_model_embeds_with_its_pooling_here_and_in_sentence_transforme
     texts = ["where is the river engine", "the tiger silver is here", ""]
     ours = embeddings.embed_texts(model, texts, show_progress=False)
     out = tmp_path / "st"
-    if "pooling" not in flags.FLAGS:
-        _define_flags()
-    flags.FLAGS(["convert", f"--input={workdir / 'checkpoint'}", f"--output={out}",
-                 "--format=sentence-transformers"])  # fmt: skip
-    try:
-        main(["convert"])
-    finally:
-        flags.FLAGS.unparse_flags()
+    subprocess.run(
+        [sys.executable, "-m", "bert_jax.convert", f"--input={workdir / 'checkpoint'}",
+         f"--output={out}", "--format=sentence-transformers"],
+        check=True, capture_output=True,
+    )  # fmt: skip
     theirs = st.SentenceTransformer(str(out), device="cpu").encode(texts, convert_to_numpy=True)
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
 

@@ -544,30 +544,41 @@ def test_two_runs_sharing_a_corpus_directory_take_turns(tmp_path):
 def test_convert_of_a_workdir_without_its_own_vocabulary_exits_naming_the_flag(
     tmp_path, monkeypatch
 ):
-    """A workdir whose saved vocabulary is not the model's (`_saved_vocab` gives None, as for
-    a fingerprint mismatch or a missing file): the export is refused, not written without a
-    vocab; with --vocab_file (and --allow_non_finite, a flag convert takes) it goes through."""
-    from absl import flags
-    from finetune_fixtures import minilm_vocab, pretrained_params, write_train_state
+    """A workdir whose saved vocabulary is no longer the one it was trained with (the file
+    at the saved path changed since): the export is refused naming --vocab_file, not written
+    without a vocab nor with the changed one; with --vocab_file (and --allow_non_finite, a
+    flag convert takes) it goes through."""
+    import shutil
+    import subprocess
+    import sys
 
-    from bert_jax.convert import readers
-    from bert_jax.convert.__main__ import _define_flags, main
+    import finetune_fixtures
 
-    workdir = write_train_state(tmp_path / "run", pretrained_params())
-    monkeypatch.setattr(readers, "_saved_vocab", lambda *args, **kwargs: None)
-    if "allow_non_finite" not in flags.FLAGS:
-        _define_flags()
+    vocab = tmp_path / "vocab.txt"
+    shutil.copyfile(finetune_fixtures.minilm_vocab(), vocab)
+    monkeypatch.setattr(finetune_fixtures, "minilm_vocab", lambda: str(vocab))
+    workdir = finetune_fixtures.write_train_state(
+        tmp_path / "run", finetune_fixtures.pretrained_params()
+    )
+    with open(vocab, "a", encoding="utf-8") as f:
+        f.write("extra\n")  # another vocabulary now sits at the saved path
 
     def convert(*extra):
-        flags.FLAGS(["convert", f"--input={workdir}", *extra])
-        try:
-            main(["convert"])
-        finally:
-            flags.FLAGS.unparse_flags()
+        return subprocess.run(
+            [sys.executable, "-m", "bert_jax.convert", f"--input={workdir}", *extra],
+            capture_output=True, text=True,
+        )  # fmt: skip
 
     out = tmp_path / "hf"
-    with pytest.raises(SystemExit, match=r"no vocabulary that is the model's; give .*--vocab_file"):
-        convert(f"--output={out}")
-    assert not out.exists()
-    convert(f"--output={out}", f"--vocab_file={minilm_vocab()}", "--allow_non_finite")
-    assert (out / "vocab.txt").read_bytes() == open(minilm_vocab(), "rb").read()
+    refused = convert(f"--output={out}")
+    assert refused.returncode == 1 and not out.exists()
+    assert "no vocabulary that is the model's; give the one it was trained with as --vocab_file" in (
+        refused.stderr)  # fmt: skip
+    done = convert(f"--output={out}", f"--vocab_file={vocab}.orig", "--allow_non_finite")
+    assert done.returncode != 0  # a vocab file that is not there: named, nothing written
+    shutil.copyfile(vocab, f"{vocab}.orig")
+    lines = open(vocab, encoding="utf-8").read().splitlines()[:-1]
+    open(f"{vocab}.orig", "w", encoding="utf-8").write("\n".join(lines) + "\n")
+    done = convert(f"--output={out}", f"--vocab_file={vocab}.orig", "--allow_non_finite")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "vocab.txt").read_text(encoding="utf-8").splitlines() == lines

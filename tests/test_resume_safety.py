@@ -160,6 +160,7 @@ def trained(tmp_path_factory, data_dir):
     workdir = tmp_path_factory.mktemp("trained")
     config = _config(data_dir, stop_at_step=2, eval_every=0, eval_steps=1)
     config.data.eval_files = config.data.train_files
+    config.data.allow_eval_in_train = True  # the same files: never evaluated here anyway
     train_loop.train_and_evaluate(config, str(workdir))
     return workdir
 
