@@ -36,7 +36,7 @@ temporaries 34% under (memory-space assignment is not linear in layers): the mem
 extrapolation is a guide, its time and bytes close.
 
 **The breakdown** prices each top-level op of the program (loop bodies x their trips): its
-HBM bytes (operands + result, as laid out: `benchmarks.hbm_breakdown.array_bytes`), its
+HBM bytes (operands + result, as laid out: `bert_jax.hlo_text.array_bytes`), its
 share of the estimated cycles (as milliseconds of the scaled estimate), and for a
 collective the bytes each device receives over ICI (an all-gather or reduce-scatter of an
 array of S bytes over n devices: S (n - 1) / n; an all-reduce twice that; a
@@ -130,7 +130,7 @@ def _trips(hlo_text: str, condition: str) -> int:
 
 def program_costs(hlo_text: str, weight_shapes: set[tuple[int, ...]], devices: int) -> Program:
     """The loops, cycles and `PARTS` of a compiled contrastive step's program text."""
-    from benchmarks.hbm_breakdown import array_bytes, computations
+    from bert_jax.hlo_text import array_bytes, computations
 
     comps, entry = computations(hlo_text)
     shapes = {i.name: i.shape for insts in comps.values() for i in insts}
