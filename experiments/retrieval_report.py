@@ -28,6 +28,16 @@ FIXED_ROWS = (
         "MiniLM (sentence-transformers)",
     ),
     ("minilm_ours", "all-MiniLM-L6-v2 as published, by bert_jax", "MiniLM (bert_jax)"),
+    (
+        "pretrained_raw",
+        "pretrained here (MLM), no contrastive step: mean-pooled as it is",
+        "pretrained here, no contrastive step",
+    ),
+    (
+        "random_raw",
+        "random weights, no contrastive step: mean-pooled as initialised",
+        "random weights, no contrastive step",
+    ),
 )
 
 

@@ -30,7 +30,9 @@ skipped when that file exists, so a run that was stopped continues where it stop
                  SQuADShifts (`squad_retrieval.squad_pairs` without the dev paragraphs)
   2. bm25
   3. minilm_st, minilm_ours   (ours also compares its embeddings with sentence-transformers')
-  4. pretrain    `python -m experiments.pretrain` (resumes from its own checkpoints)
+  4. pretrain    `python -m experiments.pretrain` (resumes from its own checkpoints);
+                 pretrained_raw, random_raw: that encoder as it is, and the architecture
+                 with random weights, mean-pooled, before any contrastive step
   5. pretrained_seed<S>, scratch_seed<S>, for each seed in turn: `python -m
                  experiments.finetune_embeddings` (a run cut short restarts), then the model
                  embeds the dev questions and passages and the Lee documents here
@@ -82,7 +84,7 @@ def define_flags() -> None:
     )
     flags.DEFINE_enum(
         "preset",
-        "mini",
+        "tiny",
         [p for p in PRESETS if p in ("tiny", "mini", "small")],
         "Size of the encoder pretrained here (bert_jax.presets).",
     )
@@ -93,17 +95,17 @@ def define_flags() -> None:
         "Pretraining recipe and architecture (experiments/configs/demo_arms.py; docs/recipes.md).",
     )
     flags.DEFINE_integer("vocab_size", 8000, "WordPiece vocabulary of the Wikipedia text.")
-    flags.DEFINE_integer("pretrain_steps", 1500, "Masked-LM pretraining steps.")
+    flags.DEFINE_integer("pretrain_steps", 1200, "Masked-LM pretraining steps.")
     flags.DEFINE_integer("pretrain_batch_size", 32, "Pretraining sequences per step.")
     flags.DEFINE_integer("pretrain_seq_length", 128, "Pretraining sequence length (pieces).")
     flags.DEFINE_float(
         "pretrain_learning_rate", None, "Peak pretraining rate (None: the recipe's)."
     )
     flags.DEFINE_list("shifts", list(SHIFTS), "SQuADShifts sets the training pairs come from.")
-    flags.DEFINE_integer("finetune_steps", 300, "Contrastive steps of each arm and seed.")
+    flags.DEFINE_integer("finetune_steps", 200, "Contrastive steps of each arm and seed.")
     flags.DEFINE_integer(
         "finetune_batch_size",
-        64,
+        32,
         "Pairs per contrastive step (each query against every positive of the batch).",
     )
     flags.DEFINE_float(
@@ -429,6 +431,36 @@ def pretrain(workdir: str, vocab: str) -> dict:
             "held_out_loss": final.get("loss")}  # fmt: skip
 
 
+def raw_model(workdir: str):
+    """The pretrained encoder as an embedding model: mean-pooled, normalised, texts cut as
+    the contrastive runs cut them."""
+    from bert_jax import embeddings
+
+    return embeddings.load_embedding_model(
+        os.path.join(workdir, "pretrain"), pooling="mean", normalize=True,
+        max_seq_length=FLAGS.max_seq_length,
+    )  # fmt: skip
+
+
+def pretrained_raw(workdir: str, dev) -> dict:
+    """The pretrained encoder as it is, mean-pooled and normalised, before any contrastive
+    step: what masked LM alone gives a retriever."""
+    return embed_and_score(_embedder(raw_model(workdir)), dev)
+
+
+def random_raw(workdir: str, dev) -> dict:
+    """The same architecture with random weights (the model's initialiser, seed 0), mean-pooled,
+    before any contrastive step: how far a random projection of the pieces gets."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    model = raw_model(workdir)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    params = nn.unbox(model.module.init(jax.random.PRNGKey(0), ids, ids, ids)["params"])
+    return embed_and_score(_embedder(model._replace(params=params)), dev)
+
+
 # ----------------------------------------------------------------------------- 5. contrastive
 
 
@@ -488,18 +520,19 @@ def dev_subset(dev, articles: int):
     return RetrievalSet({q: dev.queries[q] for q in qrels}, corpus, qrels)
 
 
-def stage_names(seed_list: list[int]) -> list[str]:
-    """Every stage's result name, in the order they run."""
-    runs = [f"{arm}_seed{seed}" for seed in seed_list for arm in ARMS]
-    return ["data", "bm25", "minilm_st", "minilm_ours", "pretrain", *runs]
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     check_flags()
     # transformers (under sentence-transformers) would import TensorFlow's Keras, not installed.
     os.environ.setdefault("USE_TF", "0")
+    import jax
+
+    devices = jax.device_count()  # refused now rather than at the stage that needs it
+    for name in ("pretrain_batch_size", "finetune_batch_size"):
+        if FLAGS[name].value % devices:
+            raise app.UsageError(f"--{name}={FLAGS[name].value}: not a multiple of the "
+                                 f"{devices} devices the batch is split over")  # fmt: skip
     from bert_jax import workdir_lock
     from data_pipelines.tasks import bigbench, squad_retrieval
     from experiments import retrieval_report
@@ -532,6 +565,8 @@ def main(argv):
         "minilm_ours", lambda: minilm_ours(dev, minilm, ours_npy, st_npy)
     )
     results["pretrain"] = stages.run("pretrain", lambda: pretrain(workdir, vocab))
+    results["pretrained_raw"] = stages.run("pretrained_raw", lambda: pretrained_raw(workdir, dev))
+    results["random_raw"] = stages.run("random_raw", lambda: random_raw(workdir, dev))
     for seed in seeds():
         for arm in ARMS:
             name = f"{arm}_seed{seed}"

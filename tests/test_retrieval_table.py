@@ -191,7 +191,7 @@ def test_a_tiny_run_of_every_stage_resumes_after_a_stage_is_lost(tmp_path):
         sys.executable, "-m", "experiments.retrieval_table", f"--workdir={workdir}",
         "--seeds=0,1", "--preset=tiny", "--pretrain_steps=4", "--pretrain_batch_size=8",
         "--pretrain_seq_length=32", "--vocab_size=1000", "--shifts=new_wiki_v1.0",
-        "--finetune_steps=3", "--finetune_batch_size=4", "--max_seq_length=48",
+        "--finetune_steps=3", "--finetune_batch_size=8", "--max_seq_length=48",
         "--eval_batch_size=32", "--dev_articles=1",
     ]  # fmt: skip
     env = {**os.environ, "USE_TF": "0"}
@@ -199,8 +199,9 @@ def test_a_tiny_run_of_every_stage_resumes_after_a_stage_is_lost(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     results = workdir / "results"
     names = {p.stem for p in results.glob("*.json")}
-    assert names == {"data", "bm25", "minilm_st", "minilm_ours", "pretrain", "pretrained_seed0",
-                     "scratch_seed0", "pretrained_seed1", "scratch_seed1"}  # fmt: skip
+    assert names == {"data", "bm25", "minilm_st", "minilm_ours", "pretrain", "pretrained_raw",
+                     "random_raw", "pretrained_seed0", "scratch_seed0", "pretrained_seed1",
+                     "scratch_seed1"}  # fmt: skip
     ours = json.loads((results / "minilm_ours.json").read_text())
     st = json.loads((results / "minilm_st.json").read_text())
     assert ours["max_abs_diff"] < 1e-5
@@ -222,7 +223,7 @@ def test_a_tiny_run_of_every_stage_resumes_after_a_stage_is_lost(tmp_path):
     (results / "scratch_seed1.json").unlink()
     second = run_captured(args, timeout=600, cwd=REPO, env=env)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert second.stderr.count("done before") == 8
+    assert second.stderr.count("done before") == 10
     assert "[scratch_seed1] starting" in second.stderr
     again = json.loads((results / "scratch_seed1.json").read_text())
     assert again["nDCG@10"] == pytest.approx(before["nDCG@10"], abs=0.02)
@@ -232,3 +233,25 @@ def _squad_dev() -> str:
     from data_pipelines.tasks import bigbench
 
     return bigbench.squad_dev(allow_download=False)
+
+
+def test_questions_are_not_run_at_the_passages_length():
+    """finetune_embeddings cuts queries, positives and negatives each to its own longest text
+    (rounded up to 16): SQuAD questions (~14 pieces) beside 192-piece paragraphs were half of
+    a contrastive step's tokens when all three were cut to the longest of any."""
+    from experiments.finetune_embeddings import cut_to_longest
+
+    def padded(lengths, width=64):
+        mask = np.array([[1] * n + [0] * (width - n) for n in lengths], np.int32)
+        return mask * 7, mask
+
+    arrays = {"positive_ids": np.arange(3, dtype=np.int32)}
+    for kind, lengths in (("query", [5, 12, 3]), ("positive", [40, 20, 33]),
+                          ("negative", [17, 1, 2])):  # fmt: skip
+        arrays[f"{kind}_tokens"], arrays[f"{kind}_mask"] = padded(lengths)
+    cut = cut_to_longest(arrays, np.array([0, 2]))
+    assert cut["query_tokens"].shape == (2, 16)  # 5 and 3 pieces: one block of 16
+    assert cut["positive_tokens"].shape == (2, 48)  # 40 pieces
+    assert cut["negative_mask"].shape == (2, 32)  # 17 pieces
+    assert cut["positive_ids"].tolist() == [0, 2]
+    assert cut["query_mask"].sum() == 8 and cut["positive_mask"].sum() == 73
