@@ -349,10 +349,11 @@ class _Pretraining:
         trace = _StepTrace(config, self.workdir, self.start)
         try:
             with sharding.activation_context(self.built.mesh, self.built.run.rules):
-                if config.data.eval_files and config.eval_every > self.stop:
+                if config.data.eval_files and config.eval_every > config.num_train_steps:
                     logging.warning(
                         "eval_every=%d > the run's %d steps: the held-out set is evaluated at "
-                        "step 0 and after the last step only", config.eval_every, self.stop,
+                        "step 0 and after the last step only", config.eval_every,
+                        config.num_train_steps,
                     )  # fmt: skip
                 if self.start == 0 and config.eval_every:  # 0: never
                     self._evaluate(0)
@@ -398,8 +399,11 @@ class _Pretraining:
         checkpoint_now = (every > 0 and step % every == 0) or step == self.stop or stopping
         if (step % config.log_every == 0 or checkpoint_now) and not self._log(step):
             return False  # rolled back: the steps after the checkpoint are done again
-        # The run's last step is always evaluated, whatever eval_every says (0: never).
-        if config.eval_every and (step % config.eval_every == 0 or step == self.stop):
+        # The run's last step is always evaluated, whatever eval_every says (0: never); a
+        # stage that stops early (stop_at_step) is not the end, so a resumed run's records
+        # equal the uninterrupted one's.
+        last = step == config.num_train_steps
+        if config.eval_every and (step % config.eval_every == 0 or last):
             self.last |= {f"eval_{k}": v for k, v in self._evaluate(step).items()}
         if checkpoint_now:
             self._save(step)

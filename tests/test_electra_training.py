@@ -207,8 +207,10 @@ def test_a_sharded_run_logs_the_electra_metrics(straight):
     for key in ("loss", "mlm_accuracy", "mlm_loss", "disc_loss", "disc_accuracy", "grad_norm"):
         assert all(np.isfinite(r[key]) for r in train_records), key
     assert all(0 < r["mfu"] for r in train_records[1:])  # the first step only compiles
-    (evaluation,) = [r for r in records if r["split"] == "eval"]  # at step 0
-    assert evaluation["step"] == 0 and "disc_precision" in evaluation
+    # at step 0, and after the last step (eval_every is past the run's end)
+    evaluations = [r for r in records if r["split"] == "eval"]
+    assert [r["step"] for r in evaluations] == [0, STEPS]
+    assert all("disc_precision" in r for r in evaluations)
     state, _ = _restore(straight)
     assert set(state["params"]) == {"bert", "generator", "rtd"}
     assert int(state["step"]) == STEPS
