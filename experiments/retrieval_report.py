@@ -172,6 +172,10 @@ def verdict(results: dict[str, dict]) -> str:
             "paired seeds).")  # fmt: skip
 
 
+def stage_minutes(results: dict[str, dict]) -> float:
+    return sum(r.get("wall_seconds", 0.0) for r in results.values()) / 60
+
+
 def stage_times(results: dict[str, dict]) -> list[str]:
     lines = ["| stage | wall | load average (start, end) |", "| --- | ---: | --- |"]
     for name, result in results.items():
@@ -251,8 +255,8 @@ def report(
         "",
         "## Wall time",
         "",
-        f"Machine: {machine}; this run {total_seconds / 60:.1f} min (stages done by an earlier "
-        "run are not counted again).",
+        f"Machine: {machine}. The stages took {stage_minutes(results):.1f} min in all (each "
+        f"timed by the run that did it); this invocation {total_seconds / 60:.1f} min.",
         "",
         *stage_times(results),
         "",
@@ -260,6 +264,7 @@ def report(
     text = "\n".join(lines)
     summary = {"date": date, "machine": machine, "settings": settings, "stages": results,
                "pretrained_minus_scratch": intervals(results),
+               "stage_minutes": round(stage_minutes(results), 1),
                "total_seconds": round(total_seconds, 1)}  # fmt: skip
     for name, content in (("results.md", text), ("results.json", json.dumps(summary, indent=2))):
         path = os.path.join(workdir, name)
@@ -291,7 +296,7 @@ def figure(results: dict[str, dict], path: str) -> None:
     arms = [(arm, arm_runs(results, arm)) for arm in ARMS if arm_runs(results, arm)]
     gain = intervals(results)
     ratios = [2, 1] if gain else [1]
-    fig, axes = plt.subplots(1, len(ratios), figsize=(13 if gain else 8, 4.5), squeeze=False,
+    fig, axes = plt.subplots(1, len(ratios), figsize=(13 if gain else 8, 5.5), squeeze=False,
                              gridspec_kw={"width_ratios": ratios})  # fmt: skip
     ax = axes[0][0]
     count = len(systems) + len(arms)
@@ -310,7 +315,7 @@ def figure(results: dict[str, dict], path: str) -> None:
     ax.set_ylabel("%")
     ax.set_ylim(0, 100)
     ax.set_title("SQuAD v1.1 dev, questions -> paragraphs")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3)
     if gain:
         ax = axes[0][1]
         means = [100 * gain[m]["mean"] for m in METRICS]

@@ -80,6 +80,8 @@ def test_the_report_writes_the_table_intervals_and_figure(tmp_path):
     minilm = next(line for line in text.splitlines() if line.startswith("- Against all-MiniLM"))
     assert "BM25 is ahead on nDCG@10, MRR@10, R@1, R@10 and behind on R@100" in minilm
     assert "seed 1 34.0 / 21.0" in text
+    # 30 s of data, 60 s for each of 3 fixed rows and 6 runs, 600 s of pretraining
+    assert "The stages took 19.5 min in all" in text and "this invocation 30.0 min" in text
 
     summary = json.loads((tmp_path / "results.json").read_text())
     gain = summary["pretrained_minus_scratch"]["nDCG@10"]
