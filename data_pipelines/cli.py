@@ -84,6 +84,19 @@ def run(main: Callable[[list[str]], object], *, stop_on_sigterm: bool = False) -
     app.run(_input_errors_in_one_line(main), flags_parser=_parse_flags)
 
 
+def progress_logging(*loggers: str) -> None:
+    """A tool's own progress at INFO (the `loggers` named), absl's (Orbax's per-file INFO
+    lines) at WARNING unless --verbosity was given."""
+    import logging
+
+    from absl import logging as absl_logging
+
+    if not flags.FLAGS["verbosity"].present:
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    for name in loggers:
+        logging.getLogger(name).setLevel(logging.INFO)
+
+
 def _input_errors(error: BaseException) -> bool:
     """Whether `error` is about the user's input (a file that is not there or not a file, a
     vocabulary or task file that does not read), said in full by its message."""

@@ -49,8 +49,10 @@ def save_npy(path: str, array) -> None:
             os.remove(tmp)
 
 
-def run(model_path: str, input_file: str, output_file: str, *, pooling=None, normalize=None,
-        max_seq_length=None, batch_size: int = 64, vocab_file=None, do_lower_case=None) -> int:  # fmt: skip
+def run(
+    model_path: str, input_file: str, output_file: str, *, pooling=None, normalize=None,
+    max_seq_length=None, batch_size: int = 64, vocab_file=None, do_lower_case=None,
+) -> int:  # fmt: skip
     """The whole tool; returns the number of embeddings written."""
     from bert_jax import embeddings
 
@@ -91,16 +93,12 @@ def _define_flags():
 
 def main(argv):
     from absl import app, flags
-    from absl import logging as absl_logging
 
-    from data_pipelines import paths
+    from data_pipelines import cli, paths
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:
-        absl_logging.set_verbosity(absl_logging.WARNING)
-    for name in ("bert_jax", "experiments", __name__):
-        logging.getLogger(name).setLevel(logging.INFO)
+    cli.progress_logging("bert_jax", "experiments", __name__)
     f = flags.FLAGS
     try:
         # Before anything is read: an output that is (or is inside) an input would replace it.

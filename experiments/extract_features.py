@@ -284,15 +284,12 @@ def _define_flags():
 
 def main(argv):
     from absl import app, flags
-    from absl import logging as absl_logging
+
+    from data_pipelines import cli
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    # Our progress at INFO; Orbax's per-file INFO lines (absl) only from --verbosity=0 on.
-    if not flags.FLAGS["verbosity"].present:
-        absl_logging.set_verbosity(absl_logging.WARNING)
-    for name in ("bert_jax", "experiments", __name__):
-        logging.getLogger(name).setLevel(logging.INFO)
+    cli.progress_logging("bert_jax", "experiments", __name__)
     from data_pipelines import paths
 
     f = flags.FLAGS

@@ -201,13 +201,7 @@ def _fmt(scores: dict[str, float]) -> str:
 
 
 def _run(config, workdir):
-    from absl import logging as absl_logging
-
-    # Our progress at INFO; Orbax's per-file INFO lines (absl) only from --verbosity=0 on.
-    if not flags.FLAGS["verbosity"].present:
-        absl_logging.set_verbosity(absl_logging.WARNING)
-    for name in ("bert_jax", "experiments", __name__):
-        logging.getLogger(name).setLevel(logging.INFO)
+    cli.progress_logging("bert_jax", "experiments", __name__)
     try:
         run(config, workdir)
     except (ValueError, FileNotFoundError, IsADirectoryError) as error:

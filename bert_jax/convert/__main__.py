@@ -103,13 +103,13 @@ def _sentence_transformers_files(config) -> dict:
         raise SystemExit(f"convert: --max_seq_length={length} must be in [3, "
                          f"max_position_embeddings={config.max_position_embeddings}]")  # fmt: skip
     log.info("sentence-transformers modules: %s pooling%s, %d tokens (from %s)", pooling,
-             ", normalised" if normalize else "", length, "flags" if FLAGS.pooling else where)  # fmt: skip
+             ", normalised" if normalize else "", length,
+             "flags" if FLAGS.pooling else where)  # fmt: skip
     return sentence_transformers.module_files(pooling, normalize, config.hidden_size, length)
 
 
 def main(argv) -> None:
     from absl import app, flags
-    from absl import logging as absl_logging
 
     # Here, not at the top: `-h` answers without loading JAX and Flax.
     from bert_jax.convert.electra import read_electra_train_state, save_hf_electra
@@ -118,14 +118,12 @@ def main(argv) -> None:
     from bert_jax.convert.names import with_layout
     from bert_jax.convert.output_dir import check_output
     from bert_jax.convert.readers import detect_format, save_params, tokenizer_files
+    from data_pipelines import cli
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     FLAGS = flags.FLAGS
-    # Our progress at INFO; Orbax's per-file INFO lines (absl) only from --verbosity=0 on.
-    if not FLAGS["verbosity"].present:
-        absl_logging.set_verbosity(absl_logging.WARNING)
-    logging.getLogger("bert_jax").setLevel(logging.INFO)
+    cli.progress_logging("bert_jax")
     # Before anything is read: an --output that is the input, above it, or not an export.
     reads = (FLAGS.input, FLAGS.vocab_file, FLAGS.bert_config_file)
     try:
