@@ -205,12 +205,14 @@ def check_eval_apart(config) -> None:
 def make_input(config, position, *, files, seed, mask_config, num_streams=None):
     """The stream of `files` as `config` reads it, refusing records made with another
     vocabulary than `data.vocab_file` (their stats JSON's fingerprint; unless
-    `data.allow_vocab_change`) and, at the first batch holding one, an id outside it."""
+    `data.allow_vocab_change`) or cased otherwise than `data.do_lower_case` and, at the first
+    batch holding one, an id outside it."""
     from data_pipelines import input_pipeline
 
     data = config.data
     allow = data.get("allow_vocab_change", False)  # configs older than the key: refused
-    _check_records_vocab(files if isinstance(files, str) else tuple(files), data.vocab_file, allow)
+    patterns = files if isinstance(files, str) else tuple(files)
+    _check_records_vocab(patterns, data.vocab_file, allow, data.do_lower_case)
     return input_pipeline.make_pretraining_dataset(
         files,
         num_streams=num_streams,
@@ -229,11 +231,11 @@ def make_input(config, position, *, files, seed, mask_config, num_streams=None):
 
 
 @functools.cache
-def _check_records_vocab(files, vocab_file: str, allow: bool) -> None:
+def _check_records_vocab(files, vocab_file: str, allow: bool, do_lower_case: bool) -> None:
     """Once per run, not at each evaluation (a stats JSON in a bucket is a request)."""
     from data_pipelines import vocab_fingerprint
 
-    vocab_fingerprint.check_records_vocab(files, vocab_file, allow)
+    vocab_fingerprint.check_records_vocab(files, vocab_file, allow, do_lower_case)
 
 
 @functools.cache

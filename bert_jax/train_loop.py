@@ -66,17 +66,17 @@ def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng
 
 def _check_init_vocab(path: str, config) -> None:
     """`init_from`'s embedding rows are ids of the vocabulary saved with it: another
-    `data.vocab_file` is refused, naming both (`data.allow_vocab_change` lets it through)."""
+    `data.vocab_file` is refused, naming both (`data.allow_vocab_change` lets it through);
+    so is another `data.do_lower_case` than the one saved with it."""
     found = checkpointing.find_checkpoints(path)
     manager = checkpointing.make_manager(found[0], async_save=False, create=False)
     made_with = checkpointing.saved_config(manager, found[1]).get("vocab_fingerprint")
+    lower = config.data.do_lower_case
     vocab_fingerprint.check_same_vocab(
-        made_with,
-        config.data.vocab_file,
-        f"config.init_from={path}",
-        "data.allow_vocab_change",
-        config.data.get("allow_vocab_change", False),
-    )
+        made_with, config.data.vocab_file, f"config.init_from={path}", "data.allow_vocab_change",
+        config.data.get("allow_vocab_change", False), lower,
+        f"Set --config.data.do_lower_case={not lower} (and make the records so) to go on from it",
+    )  # fmt: skip
 
 
 def _restore(
@@ -323,7 +323,9 @@ class _Pretraining:
             "data_identity": identity,
             # Which vocabulary the embedding rows are ids of: what `convert`, `init_from` and
             # fine-tuning compare the vocab file they are given (or find) with.
-            "vocab_fingerprint": vocab_fingerprint.fingerprint(config.data.vocab_file),
+            "vocab_fingerprint": vocab_fingerprint.fingerprint(
+                config.data.vocab_file, config.data.do_lower_case
+            ),  # fmt: skip
         }
         self.flops = train.flops_per_step(config, run.model_config)
         self.peak = telemetry.peak_flops_per_device(run.model_config.dtype) * jax.device_count()

@@ -208,8 +208,9 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
             raise ValueError(f"no documents in the input {options.input_file or options.corpus}")
     seconds = time.perf_counter() - started
     stats = _stats_dict(options, writer, read_stats, totals, masking_counts, chunks_done, seconds)
-    # Which vocabulary the ids are of: the runs that read the records check it.
-    stats["vocab"] = vocab_fingerprint.fingerprint(options.vocab_file)
+    # Which vocabulary the ids are of, and how the text was cased for it (tokenizer.json:
+    # its own normalizer, in its bytes): the runs that read the records check both.
+    stats["vocab"] = vocab_fingerprint.fingerprint(options.vocab_file, options.do_lower_case)
     if totals.overlong_sentences:
         room = options.max_seq_length - (3 if options.next_sentence else 2)
         done = (
@@ -374,7 +375,8 @@ def _define_flags() -> None:
     flags.DEFINE_bool(
         "do_lower_case",
         defaults.do_lower_case,
-        "Lower-case the input (vocab.txt and .model; a tokenizer.json normalizes itself).",
+        "Lower-case the input (vocab.txt and .model; a tokenizer.json normalizes itself). "
+        "Unset: the tokenizer_config.json's in (or beside) --vocab_file, else true.",
     )
     flags.DEFINE_bool(
         "do_whole_word_mask",
@@ -477,6 +479,19 @@ def _unwind_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def resolve_do_lower_case(vocab_file: str, flag: bool, given: bool) -> bool:
+    """The casing to make records with: `--do_lower_case` where given on the command line
+    (`given`), else the `do_lower_case` of the tokenizer_config.json in (or beside) the
+    `vocab_file` directory, as its model was trained, else the flag's default; logged."""
+    found = None if given else vocab_fingerprint.configured_lower_case(vocab_file)
+    if found is None:
+        source = "given by --do_lower_case" if given else "--do_lower_case's default"
+        log.info("do_lower_case=%s (%s)", flag, source)
+        return flag
+    log.info("do_lower_case=%s (from the tokenizer_config.json of %s)", found, vocab_file)
+    return found
+
+
 def main(argv: list[str]) -> None:
     """Entry point: flags to `Options`, then `create_pretraining_data`."""
     del argv
@@ -489,7 +504,9 @@ def main(argv: list[str]) -> None:
         input_file=f.input_file or "",
         output_file=f.output_file,
         vocab_file=f.vocab_file,
-        do_lower_case=f.do_lower_case,
+        do_lower_case=resolve_do_lower_case(
+            f.vocab_file, f.do_lower_case, f["do_lower_case"].present
+        ),
         do_whole_word_mask=f.do_whole_word_mask,
         max_seq_length=f.max_seq_length,
         max_predictions_per_seq=f.max_predictions_per_seq,

@@ -44,7 +44,9 @@ def test_new_records_carry_the_fingerprint_of_their_vocabulary(made_records):
     _, output, stats = made_records
     with open(_minilm_vocab(), "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
-    assert stats["vocab"] == {"file": _minilm_vocab(), "sha256": sha}
+    # and the casing its text was made with (a vocab.txt: accents stripped with it).
+    casing = {"do_lower_case": True, "strip_accents": True}
+    assert stats["vocab"] == {"file": _minilm_vocab(), "sha256": sha, **casing}
     with open(output + tfrecord_files.STATS_SUFFIX) as f:
         assert json.load(f)["vocab"]["sha256"] == sha
 
