@@ -74,7 +74,8 @@ def test_stats_without_the_casing_load_with_a_warning(lower_records, tmp_path, c
 
 
 def test_init_from_refuses_a_checkpoint_of_another_casing_naming_the_config_key(tmp_path):
-    """The fingerprint saved with a checkpoint holds its casing; `init_from` compares it."""
+    """The fingerprint saved with a checkpoint holds its casing; `init_from` compares it, and
+    `convert` exports it."""
     import jax.numpy as jnp
 
     from bert_jax import checkpointing, train_loop
@@ -93,6 +94,10 @@ def test_init_from_refuses_a_checkpoint_of_another_casing_naming_the_config_key(
     assert "--config.data.do_lower_case=False" in str(refused.value)
     config.data.do_lower_case = False
     train_loop._check_init_vocab(str(tmp_path / "ckpt"), config)
+    # convert's HF export writes the casing it was trained with (no --do_lower_case given).
+    from bert_jax.convert.__main__ import trained_casing
+
+    assert trained_casing(str(tmp_path / "ckpt")) is False
 
 
 def _cased_source(directory) -> str:

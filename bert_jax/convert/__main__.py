@@ -70,7 +70,8 @@ def _define_flags():
         "do_lower_case",
         None,
         "Write tokenizer_config.json with this "
-        "do_lower_case (HF output); unset writes none (transformers then "
+        "do_lower_case (HF output); unset: the casing a train state of ours was trained "
+        "with (its saved vocabulary fingerprint's), else none (transformers then "
         "lower-cases).",
     )
     flags.DEFINE_bool("scan_layers", False, "Orbax output: stack the layers (scan layout).")
@@ -106,6 +107,23 @@ def _sentence_transformers_files(config) -> dict:
              ", normalised" if normalize else "", length,
              "flags" if FLAGS.pooling else where)  # fmt: skip
     return sentence_transformers.module_files(pooling, normalize, config.hidden_size, length)
+
+
+def trained_casing(source_dir: str) -> bool | None:
+    """The `do_lower_case` a train state of ours was trained with: the one in the vocabulary
+    fingerprint saved with it (None: another format, a checkpoint older than the casing's
+    record, or a tokenizer.json, whose own normalizer decides)."""
+    from bert_jax import checkpointing
+
+    found = checkpointing.find_checkpoints(source_dir)
+    if found is None:
+        return None
+    manager = checkpointing.make_manager(found[0], async_save=False, create=False)
+    saved = checkpointing.saved_config(manager, found[1]).get("vocab_fingerprint") or {}
+    casing = saved.get("do_lower_case")
+    if casing is not None:
+        log.info("do_lower_case=%s: the casing %s was trained with", casing, source_dir)
+    return casing
 
 
 def main(argv) -> None:
@@ -172,7 +190,9 @@ def main(argv) -> None:
             params,
             vocab_file=vocab_file,
             tokenizer=tokenizer,
-            do_lower_case=FLAGS.do_lower_case,
+            do_lower_case=FLAGS.do_lower_case
+            if FLAGS.do_lower_case is not None or detect_format(source_dir) != "train_state"
+            else trained_casing(source_dir),
             overwrite=FLAGS.overwrite,
             extra_json=_sentence_transformers_files(config) if FLAGS.format != "hf" else None,
             allow_non_finite=FLAGS.allow_non_finite,
