@@ -573,9 +573,13 @@ def write_params(
         json.dump(families.ours_config_dict(config), f, indent=2, sort_keys=True)
         f.write("\n")
     copy_files(directory, vocab_file, tokenizer)
+    from bert_jax.checkpoint_reading import check_readable, tree_shapes
+
+    written, numpy_params = os.path.join(directory, "params"), as_numpy(params)
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(os.path.join(directory, "params"), as_numpy(params))
+    checkpointer.save(written, numpy_params)
     checkpointer.wait_until_finished()
+    check_readable(written, tree_shapes(numpy_params))  # else the caller's temporary is dropped
 
 
 def load_params(directory: str | os.PathLike) -> tuple[BertConfig, Params, str | None]:
