@@ -314,7 +314,7 @@ def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = Fa
     writer.close()
 
     bert = export_encoder(models, disc_cfg, work_dir)
-    write_tokenizer_files(work_dir, data)
+    write_tokenizer_files(work_dir, data, disc_cfg)
     check_batch = next(batches(config, data.eval_files or data.train_files, 0, mask_config))
     check_import(work_dir, bert, check_batch)
     move_into_place(work_dir, output_dir)

@@ -51,7 +51,6 @@ Differences that remain:
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -66,6 +65,7 @@ from ml_collections import config_flags
 from tqdm import tqdm
 
 from bert_jax.config import BertConfig, objective
+from bert_jax.convert.export import write_tokenizer_config
 from data_pipelines import cli
 
 # torch, transformers and JAX are imported where they are used: `-h` answers without them.
@@ -322,7 +322,7 @@ def run(config: ml_collections.ConfigDict, output_dir: str, overwrite: bool = Fa
     writer.close()
 
     model.save_pretrained(work_dir)  # config.json + model.safetensors
-    write_tokenizer_files(work_dir, data)
+    write_tokenizer_files(work_dir, data, cfg)
     check_batch = next(batches(config, data.eval_files or data.train_files, 0, mask_config))
     imported = check_import(work_dir, model, check_batch)
     torch_count = sum(p.numel() for p in model.parameters())  # tied tensors counted once
@@ -400,11 +400,13 @@ def update(optimizer, scheduler, model: torch.nn.Module, max_norm: float):
     return grad_norm, learning_rate
 
 
-def write_tokenizer_files(work_dir: str, data: ml_collections.ConfigDict) -> None:
-    """vocab.txt and tokenizer_config.json beside an export, as `bert_jax.convert` reads them."""
+def write_tokenizer_files(
+    work_dir: str, data: ml_collections.ConfigDict, config: BertConfig
+) -> None:
+    """vocab.txt, tokenizer_config.json and special_tokens_map.json beside an export, as
+    `bert_jax.convert` writes them (so transformers' fill-mask runs on it too)."""
     shutil.copyfile(data.vocab_file, os.path.join(work_dir, "vocab.txt"))
-    with open(os.path.join(work_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"do_lower_case": data.do_lower_case, "tokenizer_class": "BertTokenizer"}, f)
+    write_tokenizer_config(work_dir, data.vocab_file, config, data.do_lower_case)
 
 
 def move_into_place(work_dir: str, output_dir: str) -> None:

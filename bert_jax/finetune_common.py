@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from bert_jax import convert, optim, sharding, train_state
 from bert_jax.config import BertConfig
+from bert_jax.host_progress import FinishedSteps
 from bert_jax.train_state import TrainState, make_step, nonfinite, sharded_state
 
 log = logging.getLogger(__name__)
@@ -403,12 +404,14 @@ def train_epoch(
     desc = desc or f"epoch {epoch}/{config.num_epochs}"
     first_step = int(state.step) + 1
     history, checked = [], []  # this epoch's metrics: on device, and fetched and checked
-    progress = tqdm(batches, desc=desc, disable=not show_progress)
-    for indices in progress:
+    progress = tqdm(total=len(batches), desc=desc, disable=not show_progress)
+    finished = FinishedSteps(progress.update)  # the bar counts steps done, not dispatched
+    for indices in batches:
         length = pad_length(lengths[indices], config.max_seq_length)
         batch = sharding.global_batch(take_fn(arrays, indices, length), mesh)
         state, metrics = step_fn(state, batch, rng, *step_args)
         history.append(metrics)
+        finished.add(metrics)
         step = int(state.step)
         if step % config.log_every == 0 or step == num_steps:
             checked += fetch_finite(history[len(checked) :], first_step + len(checked))
@@ -419,6 +422,8 @@ def train_epoch(
             log_file.flush()
             progress.set_postfix(loss=f"{record['loss']:.4f}")
     checked += fetch_finite(history[len(checked) :], first_step + len(checked))
+    finished.drain()
+    progress.close()
     return state, float(np.mean([m["loss"] for m in checked]))
 
 

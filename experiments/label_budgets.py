@@ -35,6 +35,7 @@ import numpy as np
 
 from bert_jax import finetune_common as common
 from bert_jax import scoring, train_state
+from bert_jax.host_progress import FinishedSteps
 from data_pipelines.tasks.tagging_features import TaggingFeatures, decode, encode_tagged
 from data_pipelines.tasks.tagging_tasks import TaggingTask
 from experiments import finetune_tagging
@@ -209,6 +210,7 @@ class TaggingRunner:
         opt_state = self.tx.init(params)
         _, rng = train_state.run_keys(seed)
         dev_f1, best, step, epoch = {}, None, 0, 0
+        finished = FinishedSteps(lambda _: progress()) if progress else None
         while step < steps:
             epoch += 1
             for batch_indices in common.train_batches(lengths, batch_size, seed, epoch):
@@ -224,10 +226,12 @@ class TaggingRunner:
                     dev_f1[step] = self.score(params, "dev")["f1"]
                     if best is None or dev_f1[step] > dev_f1[best[0]]:
                         best = (step, jax.tree.map(np.asarray, params))
-                if progress:
-                    progress()
+                if finished:  # counted when its loss is on the host, not when dispatched
+                    finished.add(loss)
                 if step == steps:
                     break
+        if finished:
+            finished.drain()
         test = self.score(best[1], "test")
         return RunResult(learning_rate, steps, best[0], dev_f1, test, time.time() - start)
 

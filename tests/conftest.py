@@ -26,6 +26,10 @@ import pytest
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+# transformers is the suite's PyTorch reference: without this, the first module to import it
+# decides for the whole worker whether its TensorFlow classes load (they fail without a
+# Keras transformers accepts, e.g. in the fill-mask pipeline), whatever later modules set.
+os.environ["USE_TF"] = "0"
 # The shared compilation cache's size limit: never reached by the suite (a few hundred MB);
 # any limit turns on JAX's file lock around cache reads and writes.
 CACHE_MAX_BYTES = 16 << 30
