@@ -166,8 +166,20 @@ def _one_replica_writes_on_cpu() -> None:
     handler = ocp.type_handlers.ArrayHandler(
         use_replica_parallel=False, array_metadata_store=array_metadata_store.Store()
     )
-    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+    # Orbax warns of every override ('Type handler registry type ... overriding jax.Array'):
+    # this one is meant, and only that line is dropped.
+    absl_logger = logging_lib.getLogger("absl")
+    absl_logger.addFilter(_not_our_override)
+    try:
+        ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+    finally:
+        absl_logger.removeFilter(_not_our_override)
     _CPU_HANDLER_SET = True
+
+
+def _not_our_override(record: logging_lib.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (message.startswith("Type handler registry type") and "jax.Array" in message)
 
 
 _CPU_HANDLER_SET = False

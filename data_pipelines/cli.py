@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib.util
 import json
 import os
 import re
@@ -78,10 +79,75 @@ def run(main: Callable[[list[str]], object], *, stop_on_sigterm: bool = False) -
     """`absl.app.run(main)` with a help that exits 0 and one-line config-key errors; with
     `stop_on_sigterm`, SIGTERM raises SystemExit(143) in `main` (its `finally` blocks and
     `run_child` stop what it started) instead of killing the process."""
+    quiet_known_noise()
     _define_help_flags()
     if stop_on_sigterm:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     app.run(_input_errors_in_one_line(main), flags_parser=_parse_flags)
+
+
+def quiet_known_noise() -> None:
+    """Silences the start-up lines that every run printed and that say nothing about it, and
+    only those, before TensorFlow or JAX load (every tool imports them after `run`):
+
+    - TensorFlow's C++ INFO lines (the CPU features it was built without, no CUDA found):
+      `TF_CPP_MIN_LOG_LEVEL=1` unless set, which drops INFO only; warnings and errors still
+      print. "oneDNN custom operations are on" prints whatever that level, while oneDNN is
+      on: `TF_ENABLE_ONEDNN_OPTS=0` unless set. TensorFlow only reads and masks the data
+      here (parsing, integer ops, random draws, comparisons): none of it has a oneDNN kernel
+      whose round-off differs (matmuls, convolutions, reductions), so nothing changes.
+    - libtpu's probe where there is no TPU ("Failed to find host bounds for accelerator
+      type", "unexpected worker hostname ... TPU_WORKER_HOSTNAMES"): JAX tries its TPU
+      backend wherever libtpu is installed. Where JAX's own hardware check finds no TPU chip
+      and no GPU, and JAX_PLATFORMS is unset, JAX_PLATFORMS=cpu: the backend JAX falls back
+      to there anyway. A TPU VM (TPU chips on its PCI bus) or a GPU machine is left as it is.
+
+    Orbax's "Type handler registry ... overriding jax.Array" is our own override's warning:
+    `bert_jax.checkpointing` silences it where it makes it.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    if "JAX_PLATFORMS" in os.environ or "JAX_FORCE_TPU_INIT" in os.environ:
+        return
+    hardware = _jax_hardware_utils()
+    if hardware is None or importlib.util.find_spec("libtpu") is None:
+        return
+    try:
+        if hardware.num_available_tpu_chips_and_device_id()[0] or _has_gpu(hardware):
+            return
+    except Exception:  # noqa: BLE001 - cannot tell: leave JAX to probe
+        return
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    if "jax" in sys.modules:  # read at its import: too late for the variable
+        sys.modules["jax"].config.update("jax_platforms", "cpu")
+
+
+def _jax_hardware_utils():
+    """JAX's `hardware_utils` (the checks it makes itself; only the standard library), loaded
+    without importing JAX (seconds, which a tool that never uses JAX would pay); None
+    where JAX is not installed or has no such file."""
+    try:
+        jax_spec = importlib.util.find_spec("jax")
+    except (ImportError, ValueError):
+        return None
+    if jax_spec is None or not jax_spec.origin:
+        return None
+    path = os.path.join(os.path.dirname(jax_spec.origin), "_src", "hardware_utils.py")
+    if not os.path.isfile(path):
+        return None
+    spec = importlib.util.spec_from_file_location("_jax_hardware_utils", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception:  # noqa: BLE001 - another JAX's file: no check
+        return None
+    return module
+
+
+def _has_gpu(hardware) -> bool:
+    nvidia = hardware.has_visible_nvidia_gpu()
+    amd = hasattr(hardware, "num_available_amd_gpus") and hardware.num_available_amd_gpus(1)
+    return bool(nvidia or amd)
 
 
 def progress_logging(*loggers: str) -> None:
