@@ -63,7 +63,13 @@ from data_pipelines import (
     tfrecord_files,
     vocab_fingerprint,
 )
-from data_pipelines.pretraining_options import CORPORA, Options  # callers import Options from here
+from data_pipelines.pretraining_flags import (  # noqa: F401 - callers import them from here
+    default_dupe_factor,
+    options_from_flags,
+    resolve_do_lower_case,
+)
+from data_pipelines.pretraining_flags import define_flags as _define_flags
+from data_pipelines.pretraining_options import Options  # callers import Options from here
 
 log = logging.getLogger(__name__)
 
@@ -74,33 +80,62 @@ _TFDS_PREFIX = "tfds:"
 # Reading and chunking (main process).
 
 
-def iter_documents(options: Options, stats: corpora.ReadStats) -> Iterator[corpora.Document]:
-    """The documents of the input, in order (paragraphs marked `needs_split`)."""
-    if options.corpus == "shakespeare":
-        # Sentence splitting (pysbd, slow) happens in the workers.
-        yield from embedded_corpora.shakespeare_documents(split_sentences=False)
-        return
-    if options.corpus == "peoples_daily":
-        yield from embedded_corpora.peoples_daily_documents()
+def iter_sources(options: Options) -> Iterator[tuple[str, str]]:
+    """The input's sources in reading order: ("corpus", name), ("tfds", name) or ("file",
+    path), each --input_file pattern expanded when it is reached (`beam_records` reads each
+    source as one task, in parallel, and orders their documents as these are ordered).
+
+    Raises:
+        FileNotFoundError: a pattern matches nothing (naming it).
+    """
+    if options.corpus in ("shakespeare", "peoples_daily"):
+        yield "corpus", options.corpus
         return
     patterns = [p.strip() for p in options.input_file.split(",") if p.strip()]
     for pattern in patterns:
         if pattern.startswith(_TFDS_PREFIX):
-            yield from corpora.tfds_documents(
-                pattern[len(_TFDS_PREFIX) :],
-                stats,
-                split=options.tfds_split,
-                data_dir=options.tfds_data_dir or None,
-                text_key=options.tfds_text_key,
-            )
+            yield "tfds", pattern[len(_TFDS_PREFIX) :]
         else:
-            yield from corpora.read_documents(
-                corpora.expand_input_patterns(pattern),
-                stats,
-                word_boundary_files=options.word_boundary_files,
-                lines_are_paragraphs=options.split_sentences,
-                max_undecodable_fraction=options.max_undecodable_fraction,
-            )
+            for path in corpora.expand_input_patterns(pattern):
+                yield "file", path
+
+
+def source_documents(
+    options: Options,
+    source: tuple[str, str],
+    stats: corpora.ReadStats,
+    tfds_split: str | None = None,
+) -> Iterator[corpora.Document]:
+    """The documents of one source of `iter_sources`, in order (paragraphs marked
+    `needs_split`); a TFDS source reads `tfds_split` (a part of --tfds_split) when given."""
+    kind, name = source
+    if kind == "corpus" and name == "shakespeare":
+        # Sentence splitting (pysbd, slow) happens in the workers.
+        yield from embedded_corpora.shakespeare_documents(split_sentences=False)
+    elif kind == "corpus":
+        yield from embedded_corpora.peoples_daily_documents()
+    elif kind == "tfds":
+        yield from corpora.tfds_documents(
+            name,
+            stats,
+            split=tfds_split or options.tfds_split,
+            data_dir=options.tfds_data_dir or None,
+            text_key=options.tfds_text_key,
+        )
+    else:
+        yield from corpora.read_documents(
+            [name],
+            stats,
+            word_boundary_files=options.word_boundary_files,
+            lines_are_paragraphs=options.split_sentences,
+            max_undecodable_fraction=options.max_undecodable_fraction,
+        )
+
+
+def iter_documents(options: Options, stats: corpora.ReadStats) -> Iterator[corpora.Document]:
+    """The documents of the input, in order (paragraphs marked `needs_split`)."""
+    for source in iter_sources(options):
+        yield from source_documents(options, source, stats)
 
 
 def iter_chunks(
@@ -185,7 +220,7 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
         options.output_file, options.num_output_shards
     ) as writer:
         stats_path = writer.paths[0] + tfrecord_files.STATS_SUFFIX
-        _check_writable(stats_path)
+        check_writable(stats_path)
         documents = iter_documents(options, read_stats)
         chunks = iter_chunks(documents, options.documents_per_chunk)
         records = chunk_pipeline.iter_chunk_records(options, chunks, tokenizer)
@@ -207,7 +242,31 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
         if chunks_done == 0:
             raise ValueError(f"no documents in the input {options.input_file or options.corpus}")
     seconds = time.perf_counter() - started
-    stats = _stats_dict(options, writer, read_stats, totals, masking_counts, chunks_done, seconds)
+    stats = run_stats(
+        options, writer.paths, writer.counts, read_stats, totals, masking_counts, chunks_done,
+        seconds,
+    )  # fmt: skip
+    write_json_atomically(stats_path, stats)
+    log.info("wrote %d instances to %s in %.1f s", totals.instances, writer.paths, seconds)
+    return stats
+
+
+def run_stats(
+    options: Options,
+    output_files: list[str],
+    records_per_file: list[int],
+    read_stats: corpora.ReadStats,
+    totals: instances.InstanceStats,
+    masking_counts: collections.Counter,
+    chunks: int,
+    seconds: float,
+) -> dict[str, Any]:
+    """The stats JSON of a finished run (the vocabulary fingerprint included), and the warning
+    about overlong sentences; shared with `beam_records`, so both write the same stats."""
+    stats = _stats_dict(
+        options, output_files, records_per_file, read_stats, totals, masking_counts, chunks,
+        seconds,
+    )  # fmt: skip
     # Which vocabulary the ids are of, and how the text was cased for it (tokenizer.json:
     # its own normalizer, in its bytes): the runs that read the records check both.
     stats["vocab"] = vocab_fingerprint.fingerprint(options.vocab_file, options.do_lower_case)
@@ -224,12 +283,11 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
             totals.overlong_sentences, room, done,
             read_stats.longest_line or "in a non-text input", read_stats.longest_line_bytes,
         )  # fmt: skip
-    _write_json_atomically(stats_path, stats)
-    log.info("wrote %d instances to %s in %.1f s", totals.instances, writer.paths, seconds)
     return stats
 
 
-def _check_writable(path: str) -> None:
+def check_writable(path: str) -> None:
+    """Raises OSError (naming `path`) when the stats file cannot be written there."""
     # A hidden temporary's name, which no shard pattern matches and a later run removes if
     # this one is killed before it does.
     probe = tfrecord_files.temporary_path(path)
@@ -248,7 +306,7 @@ def _check_writable(path: str) -> None:
         raise OSError(f"cannot write the stats file {path}: {error}") from error
 
 
-def _write_json_atomically(path: str, data: dict[str, Any]) -> None:
+def write_json_atomically(path: str, data: dict[str, Any]) -> None:
     """Writes under a temporary name, then renames: a reader never sees half a file."""
     temporary = tfrecord_files.temporary_path(path)  # hidden; removed by a later run if left
     text = json.dumps(data, indent=2) + "\n"
@@ -270,7 +328,8 @@ def _fraction(numerator: int, denominator: int) -> float | None:
 
 def _stats_dict(
     options: Options,
-    writer: Any,
+    output_files: list[str],
+    records_per_file: list[int],
     read: corpora.ReadStats,
     totals: instances.InstanceStats,
     masking: collections.Counter[str],
@@ -279,8 +338,8 @@ def _stats_dict(
 ) -> dict[str, Any]:
     masked = masking["masked_tokens"]
     return {
-        "output_files": writer.paths,
-        "records_per_file": writer.counts,
+        "output_files": output_files,
+        "records_per_file": records_per_file,
         "inputs": {
             "files": read.files,
             "empty_files_skipped": read.empty_files,
@@ -348,115 +407,6 @@ def _stats_dict(
 # Command line.
 
 
-def default_dupe_factor(masking: str) -> int:
-    """--dupe_factor when not given: the original's 10 masked copies for static masking;
-    1 for dynamic masking, which draws new masks every epoch (copies would only repeat)."""
-    return 1 if masking == "dynamic" else Options(input_file="", output_file="",
-                                                   vocab_file="").dupe_factor  # fmt: skip
-
-
-def _define_flags() -> None:
-    from absl import flags
-
-    defaults = Options(input_file="", output_file="", vocab_file="")
-    flags.DEFINE_string(
-        "input_file",
-        None,
-        "Input text files: comma-separated files or globs "
-        "(plain or .gz), or tfds:NAME for a TFDS text dataset.",
-    )
-    flags.DEFINE_string("output_file", None, "Output TFRecord file(s), comma-separated.")
-    flags.DEFINE_string(
-        "vocab_file",
-        None,
-        "WordPiece vocab.txt, sentencepiece .model or Hugging Face tokenizer.json (or a "
-        "directory holding one, e.g. a transformers model's); its special tokens are its own.",
-    )
-    flags.DEFINE_bool(
-        "do_lower_case",
-        defaults.do_lower_case,
-        "Lower-case the input (vocab.txt and .model; a tokenizer.json normalizes itself). "
-        "Unset: the tokenizer_config.json's in (or beside) --vocab_file, else true.",
-    )
-    flags.DEFINE_bool(
-        "do_whole_word_mask",
-        defaults.do_whole_word_mask,
-        "Mask whole words rather than single WordPieces.",
-    )
-    flags.DEFINE_integer("max_seq_length", defaults.max_seq_length, "Maximum sequence length.")
-    flags.DEFINE_integer(
-        "max_predictions_per_seq",
-        defaults.max_predictions_per_seq,
-        "Maximum number of masked LM predictions per sequence.",
-    )
-    flags.DEFINE_integer("random_seed", defaults.random_seed, "Random seed for data generation.")
-    flags.DEFINE_integer(
-        "dupe_factor", None,
-        f"Passes over the input (with different masks); default {defaults.dupe_factor} with "
-        "static masking (the original's), 1 with --masking=dynamic (each epoch masks anew, "
-        "so copies only repeat the same text).",
-    )  # fmt: skip
-    flags.DEFINE_float("masked_lm_prob", defaults.masked_lm_prob, "Masked LM probability.")
-    flags.DEFINE_float(
-        "short_seq_prob",
-        defaults.short_seq_prob,
-        "Probability of sequences shorter than the maximum length.",
-    )
-    flags.DEFINE_integer(
-        "num_output_shards",
-        defaults.num_output_shards,
-        "Shards to write when one --output_file is given.",
-    )
-    flags.DEFINE_integer(
-        "num_workers", defaults.num_workers, "Worker processes (the output does not depend on it)."
-    )
-    flags.DEFINE_enum(
-        "masking",
-        defaults.masking,
-        ["static", "dynamic"],
-        "static: masked records (original format); dynamic: unmasked records "
-        "with word_starts, masked by the input pipeline each epoch.",
-    )
-    flags.DEFINE_bool(
-        "next_sentence",
-        defaults.next_sentence,
-        "Sentence pairs [CLS] A [SEP] B [SEP] with next-sentence labels (BERT); false: "
-        "single-segment instances [CLS] text [SEP] of contiguous text from one document, "
-        "for pretraining without NSP (--config.objective=mlm or ltr).",
-    )
-    flags.DEFINE_enum(
-        "corpus",
-        None,
-        list(CORPORA),
-        "An embedded corpus instead of --input_file (Chinese word boundaries included).",
-    )
-    flags.DEFINE_integer(
-        "documents_per_chunk",
-        defaults.documents_per_chunk,
-        "Documents shuffled and paired together; bounds memory.",
-    )
-    flags.DEFINE_bool(
-        "split_sentences",
-        defaults.split_sentences,
-        "Input lines are paragraphs: split them into sentences (pysbd).",
-    )
-    flags.DEFINE_string("language", defaults.language, "pysbd language for sentence splitting.")
-    flags.DEFINE_bool(
-        "word_boundary_files",
-        defaults.word_boundary_files,
-        "Read word segmentations from <input_file>.words (see prepare_corpus).",
-    )
-    flags.DEFINE_float(
-        "max_undecodable_fraction",
-        defaults.max_undecodable_fraction,
-        "Refuse an input file when more than this fraction of its non-blank lines are not "
-        "UTF-8 text (a binary file, another encoding); fewer get a warning naming the file.",
-    )
-    flags.DEFINE_string("tfds_data_dir", None, "data_dir for tfds: inputs.")
-    flags.DEFINE_string("tfds_split", defaults.tfds_split, "Split of tfds: inputs.")
-    flags.DEFINE_string("tfds_text_key", defaults.tfds_text_key, "Text feature of tfds: inputs.")
-
-
 class _Terminated(BaseException):
     """SIGTERM arrived; a BaseException like KeyboardInterrupt, so no `except Exception`
     swallows it on the way out."""
@@ -479,55 +429,14 @@ def _unwind_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def resolve_do_lower_case(vocab_file: str, flag: bool, given: bool) -> bool:
-    """The casing to make records with: `--do_lower_case` where given on the command line
-    (`given`), else the `do_lower_case` of the tokenizer_config.json in (or beside) the
-    `vocab_file` directory, as its model was trained, else the flag's default; logged."""
-    found = None if given else vocab_fingerprint.configured_lower_case(vocab_file)
-    if found is None:
-        source = "given by --do_lower_case" if given else "--do_lower_case's default"
-        log.info("do_lower_case=%s (%s)", flag, source)
-        return flag
-    log.info("do_lower_case=%s (from the tokenizer_config.json of %s)", found, vocab_file)
-    return found
-
-
 def main(argv: list[str]) -> None:
     """Entry point: flags to `Options`, then `create_pretraining_data`."""
     del argv
     from absl import flags
 
     _unwind_on_sigterm()
-    f = flags.FLAGS
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    options = Options(
-        input_file=f.input_file or "",
-        output_file=f.output_file,
-        vocab_file=f.vocab_file,
-        do_lower_case=resolve_do_lower_case(
-            f.vocab_file, f.do_lower_case, f["do_lower_case"].present
-        ),
-        do_whole_word_mask=f.do_whole_word_mask,
-        max_seq_length=f.max_seq_length,
-        max_predictions_per_seq=f.max_predictions_per_seq,
-        random_seed=f.random_seed,
-        dupe_factor=default_dupe_factor(f.masking) if f.dupe_factor is None else f.dupe_factor,
-        masked_lm_prob=f.masked_lm_prob,
-        short_seq_prob=f.short_seq_prob,
-        num_output_shards=f.num_output_shards,
-        num_workers=f.num_workers,
-        masking=f.masking,
-        next_sentence=f.next_sentence,
-        corpus=f.corpus or "",
-        documents_per_chunk=f.documents_per_chunk,
-        split_sentences=f.split_sentences,
-        language=f.language,
-        word_boundary_files=f.word_boundary_files,
-        max_undecodable_fraction=f.max_undecodable_fraction,
-        tfds_data_dir=f.tfds_data_dir or "",
-        tfds_split=f.tfds_split,
-        tfds_text_key=f.tfds_text_key,
-    )
+    options = options_from_flags(flags.FLAGS)
     from data_pipelines.tokenization import VocabError
 
     try:
@@ -547,8 +456,9 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     from absl import flags
 
-    from data_pipelines import cli
+    from data_pipelines import cli, pretraining_flags
 
     _define_flags()
+    flags.adopt_module_key_flags(pretraining_flags)  # --help lists them
     flags.mark_flags_as_required(["output_file", "vocab_file"])
     cli.run(main)

@@ -420,36 +420,13 @@ class TFRecordShardWriter:
         if self._closed:
             return self.paths
         self._closed = True
-        renames = list(zip(self._temporary, self.paths, strict=True))
-        # One journal per output directory, so readers find it where they glob.
-        journals = [
-            _journal_path(directory, self.paths[0])
-            for directory in sorted({os.path.dirname(p) for p in self.paths})
-        ]
-        renamed: list[str] = []
         try:
             for f in self._files:
                 f.close()
-            text = json.dumps(
-                {
-                    "renames": [[_absolute(t), _absolute(p)] for t, p in renames],
-                    "journals": [_absolute(j) for j in journals],
-                }
-            )
-            for journal in journals:
-                _write_synced(journal, text)
-            for temporary, path in renames:
-                _rename(temporary, path)
-                renamed.append(path)
         except BaseException:
-            for path in renamed:  # a set is whole or absent
-                _remove_quietly(path)
             self._discard()
-            for journal in journals:
-                _remove_quietly(journal)
             raise
-        for journal in journals:
-            _remove(journal)
+        publish_shard_set(self._temporary, self.paths)
         return self.paths
 
     def abort(self) -> None:
@@ -474,6 +451,48 @@ class TFRecordShardWriter:
             self.close()
         else:
             self.abort()
+
+
+def publish_shard_set(temporaries: Sequence[str], paths: Sequence[str]) -> None:
+    """Renames a set of complete, closed temporaries to their final `paths`, the whole set or
+    none of it (the journal of the module docstring). On any failure (Ctrl-C included) the
+    shards already renamed, the temporaries and the journals are removed.
+
+    `TFRecordShardWriter.close` does this; `beam_records` too, for shards its workers wrote.
+    """
+    renames = list(zip(temporaries, paths, strict=True))
+    # One journal per output directory, so readers find it where they glob.
+    journals = [
+        _journal_path(directory, paths[0])
+        for directory in sorted({os.path.dirname(p) for p in paths})
+    ]
+    renamed: list[str] = []
+    try:
+        text = json.dumps(
+            {
+                "renames": [[_absolute(t), _absolute(p)] for t, p in renames],
+                "journals": [_absolute(j) for j in journals],
+            }
+        )
+        for journal in journals:
+            _write_synced(journal, text)
+        for temporary, path in renames:
+            _rename(temporary, path)
+            renamed.append(path)
+    except BaseException:
+        for path in renamed:  # a set is whole or absent
+            _remove_quietly(path)
+        for path in [*temporaries, *journals]:
+            _remove_quietly(path)
+        raise
+    for journal in journals:
+        _remove(journal)
+
+
+def open_for_writing(path: str, temporary: str):
+    """`temporary` (the hidden name of output `path`) opened for writing bytes, its directory
+    made; a URL through `tf.io.gfile`."""
+    return _open_for_writing(path, temporary)
 
 
 def _remove_quietly(path: str) -> None:
