@@ -51,6 +51,23 @@ TPU_LOCAL_DATA ?= $(HOME)/wikibooks
 DATA_WORKERS ?= 32
 DUPE_FACTOR ?= 5
 TRAIN_SHARDS ?= 256
+# What makes the records (docs/data_at_scale.md): local (create_pretraining_data's
+# DATA_WORKERS processes on worker 0, the default), direct (the same records from
+# data_pipelines.beam_records on Beam's DirectRunner, DATA_WORKERS processes, on worker 0),
+# or dataflow (a Dataflow job submitted from here, writing straight into the bucket; a dry
+# run printing each job, needing no cloud account, unless DATAFLOW_SUBMIT=1).
+RUNNER ?= local
+DATAFLOW_REGION ?= europe-west4
+DATAFLOW_MACHINE_TYPE ?= n2-standard-4
+DATAFLOW_MAX_WORKERS ?= 100
+# The workers' image: Beam's SDK image with data_pipelines/beam_requirements.txt, TensorFlow
+# (gs:// and tfds: reads) and the project (docs/data_at_scale.md builds it).
+BEAM_IMAGE ?= europe-docker.pkg.dev/$(PROJECT)/bert-jax/beam-records:2.77.0
+DATAFLOW_SUBMIT ?=
+TFDS_PARTS ?= 64
+ifeq ($(filter $(RUNNER),local direct dataflow),)
+$(error RUNNER=$(RUNNER): local, direct or dataflow)
+endif
 
 # Every TPU config and variant the fit check covers.
 AOT_CONFIGS ?= bert_base_paper.py:phase1 bert_base_paper.py:phase2 \
@@ -88,7 +105,7 @@ TPU_SETUP_CMD = sudo apt-get -qq update && sudo apt-get -qq install -y python3.1
 	&& .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e '.[tpu,data]'
 TPU_DATA_VARS = BUCKET=$(BUCKET) WIKI_TFDS=$(WIKI_TFDS) BOOKS_TFDS=$(BOOKS_TFDS) \
 	TFDS_DATA_DIR=$(TFDS_DATA_DIR) DATA_WORKERS=$(DATA_WORKERS) DUPE_FACTOR=$(DUPE_FACTOR) \
-	TRAIN_SHARDS=$(TRAIN_SHARDS)
+	TRAIN_SHARDS=$(TRAIN_SHARDS)$(if $(filter direct,$(RUNNER)), RUNNER=direct TFDS_PARTS=$(TFDS_PARTS))
 TPU_PRETRAIN_CMD = .venv/bin/python -m experiments.pretrain --config=$(TPU_CONFIG_ARG) \
 	--config.bucket=$(BUCKET) --workdir=$(TPU_WORKDIR) --distributed $(ARGS)
 TPU_FETCH_PRETRAINED = mkdir -p $(TPU_PRETRAINED)/checkpoints \
@@ -121,24 +138,49 @@ tpu-setup:  ## install the committed tree (git HEAD) and its TPU deps on every w
 	$(TPU_VM) scp $(TPU_TARBALL) $(TPU_NAME):~/bert_jax.tar.gz $(TPU_FLAGS) --worker=all
 	$(TPU_SSH) --worker=all --command="$(TPU_SETUP_CMD)"
 
-tpu-data:  ## on worker 0: Wikipedia + books (TFDS) -> records for T=128 and T=512 in BUCKET
+tpu-data:  ## Wikipedia + books (TFDS) -> records for T=128 and T=512 in BUCKET (RUNNER=local|direct|dataflow)
+ifeq ($(RUNNER),dataflow)
+	$(if $(DATAFLOW_SUBMIT),mkdir -p $(TPU_LOCAL_DATA) && curl -sSL -o $(TPU_LOCAL_DATA)/bert.zip $(VOCAB_URL) && unzip -p $(TPU_LOCAL_DATA)/bert.zip '*/vocab.txt' > $(TPU_LOCAL_DATA)/vocab.txt && gcloud storage cp $(TPU_LOCAL_DATA)/vocab.txt $(TPU_DATA_DIR)/vocab.txt,test -x $(BEAM_PY) || $(MAKE) --no-print-directory beam-venv)
+	$(call tpu_records_for,128,20)
+	$(call tpu_records_for,512,80)
+else
 	$(TPU_SSH) --worker=0 --command="cd ~/bert_jax && make tpu-data-local $(TPU_DATA_VARS)"
+endif
+
+ifeq ($(RUNNER),local)
+RECORDS_CMD = $(PY) -m data_pipelines.create_pretraining_data
+RECORDS_RUN = --num_workers=$(DATA_WORKERS)
+else ifeq ($(RUNNER),direct)
+RECORDS_CMD = $(BEAM_PY) -m data_pipelines.beam_records
+RECORDS_RUN = --runner=DirectRunner --direct_num_workers=$(DATA_WORKERS) \
+	--direct_running_mode=multi_processing --tfds_parts=$(TFDS_PARTS)
+else
+RECORDS_CMD = $(BEAM_PY) -m data_pipelines.beam_records
+RECORDS_RUN = --runner=DataflowRunner --project=$(PROJECT) --region=$(DATAFLOW_REGION) \
+	--temp_location=$(BUCKET)/dataflow/tmp --staging_location=$(BUCKET)/dataflow/staging \
+	--sdk_container_image=$(BEAM_IMAGE) --sdk_location=container \
+	--machine_type=$(DATAFLOW_MACHINE_TYPE) --max_num_workers=$(DATAFLOW_MAX_WORKERS) \
+	--tfds_parts=$(TFDS_PARTS) $(if $(DATAFLOW_SUBMIT),,--dry_run)
+endif
+# Dataflow's workers write into the bucket; the local runners into TPU_LOCAL_DATA (rsync'ed).
+RECORDS_DIR = $(if $(filter dataflow,$(RUNNER)),$(TPU_DATA_DIR),$(TPU_LOCAL_DATA))
 
 # $(1) T, $(2) P, $(3) source tag, $(4) TFDS name, $(5) text feature, $(6) train|eval,
 # $(7) TFDS split, $(8) dupe factor, $(9) shards, $(10) seed.
 define tpu_records
-	$(PY) -m data_pipelines.create_pretraining_data --input_file=tfds:$(4) \
+	$(RECORDS_CMD) --input_file=tfds:$(4) \
 		--tfds_text_key=$(5) --tfds_split='$(7)' $(if $(TFDS_DATA_DIR),--tfds_data_dir=$(TFDS_DATA_DIR)) \
-		--output_file=$(TPU_LOCAL_DATA)/seq$(1)/$(6)-$(3).tfrecord --num_output_shards=$(9) \
+		--output_file=$(RECORDS_DIR)/seq$(1)/$(6)-$(3).tfrecord --num_output_shards=$(9) \
 		--vocab_file=$(TPU_LOCAL_DATA)/vocab.txt --do_lower_case --max_seq_length=$(1) \
 		--max_predictions_per_seq=$(2) --dupe_factor=$(8) --random_seed=$(10) \
-		--num_workers=$(DATA_WORKERS)
+		$(RECORDS_RUN)
 
 endef
 # 1% of each source is held out for evaluation.
 tpu_records_for = $(call tpu_records,$(1),$(2),wiki,$(WIKI_TFDS),text,train,train[:99%],$(DUPE_FACTOR),$(TRAIN_SHARDS),$(1)1)$(call tpu_records,$(1),$(2),books,$(BOOKS_TFDS),book_text,train,train[:99%],$(DUPE_FACTOR),$(TRAIN_SHARDS),$(1)2)$(call tpu_records,$(1),$(2),wiki,$(WIKI_TFDS),text,eval,train[99%:],1,4,$(1)3)$(call tpu_records,$(1),$(2),books,$(BOOKS_TFDS),book_text,eval,train[99%:],1,4,$(1)4)
 
 tpu-data-local:  ## (runs where invoked) the records of tpu-data, then a copy into BUCKET
+	$(if $(filter direct,$(RUNNER)),test -x $(BEAM_PY) || $(MAKE) --no-print-directory beam-venv)
 	mkdir -p $(TPU_LOCAL_DATA)/seq128 $(TPU_LOCAL_DATA)/seq512
 	curl -sSL -o $(TPU_LOCAL_DATA)/bert.zip $(VOCAB_URL)
 	unzip -p $(TPU_LOCAL_DATA)/bert.zip '*/vocab.txt' > $(TPU_LOCAL_DATA)/vocab.txt

@@ -367,7 +367,7 @@ def describe(options: Options, beam_args: list[str], tfds_parts: int) -> dict[st
         "steps": [t.full_label for t in pipeline.transforms_stack[0].parts],
         "input": options.input_file or f"corpus:{options.corpus}",
         "tfds_parts": tfds_parts,
-        "output_files": plan.shard_paths,
+        "output_files": {"first": plan.shard_paths[0], "shards": len(plan.shard_paths)},
         "stats_file": plan.shard_paths[0] + tfrecord_files.STATS_SUFFIX,
         "options": dataclasses.asdict(options),
     }

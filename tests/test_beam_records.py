@@ -168,3 +168,44 @@ def test_bad_input_fails_with_the_tool_s_one_line_messages(corpus, tmp_path):
     assert "no_vocab.txt" in message
     assert _beam_error(missing, IN_PROCESS) == message
     assert not [f for f in os.listdir(tmp_path) if f.startswith(("out", ".out"))]
+
+
+def _make(*args) -> str:
+    run = subprocess.run(
+        ["make", "-s", "--no-print-directory", "BUCKET=gs://bkt", "PROJECT=p", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
+def test_make_tpu_data_switches_runner():
+    # direct: beam_records on worker 0, in the same local paths as the default.
+    assert "RUNNER=direct" in _make("tpu-data", "RUNNER=direct", "DRY_RUN=1")
+    local = _make("tpu-data-local", "RUNNER=direct", "DRY_RUN=1", "TPU_LOCAL_DATA=/wb")
+    assert local.count("-m data_pipelines.beam_records") == 8
+    assert local.count("--runner=DirectRunner") == 8
+    # dataflow: 8 jobs from here, straight into the bucket, as dry runs unless submitted.
+    commands = _make("tpu-data", "RUNNER=dataflow", "DRY_RUN=1").splitlines()
+    commands = [c for c in commands if "data_pipelines.beam_records" in c]
+    assert len(commands) == 8
+    for command in commands:
+        assert "--runner=DataflowRunner" in command and command.endswith("--dry_run")
+        assert "--output_file=gs://bkt/wikibooks/seq" in command
+
+
+@pytest.mark.extended
+def test_make_tpu_data_on_dataflow_prints_the_jobs():
+    # The dry runs themselves: no account, no file read.
+    text = _make("tpu-data", "RUNNER=dataflow")
+    jobs, decoder, at = [], json.JSONDecoder(), text.find("{")
+    while at != -1:
+        job, end = decoder.raw_decode(text, at)
+        jobs.append(job)
+        at = text.find("{", end)
+    assert len(jobs) == 8
+    for job in jobs:
+        assert job["runner"] == "DataflowRunner"
+        assert job["pipeline_options"]["temp_location"] == "gs://bkt/dataflow/tmp"
+        assert job["output_files"]["first"].startswith("gs://bkt/wikibooks/seq")
+        assert "MakeChunk" in job["steps"]
