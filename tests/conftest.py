@@ -200,3 +200,20 @@ def parse_demo_flags():
 
     with flagsaver.flagsaver():
         yield parse
+
+
+EXTENDED_CASES = Path(__file__).with_name("extended_cases.txt")
+
+
+def extended_cases() -> set[str]:
+    """The node ids tests/extended_cases.txt moves from `make test` to `make test-extended`."""
+    lines = EXTENDED_CASES.read_text(encoding="utf-8").splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    moved = extended_cases()
+    for item in items:
+        if item.nodeid in moved:
+            item.add_marker(pytest.mark.extended)
