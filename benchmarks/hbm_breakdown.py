@@ -17,7 +17,9 @@ op, so each top-level op of the entry computation is measured from the program t
   primitive) and the ops inside a fusion (a `convolution` is a matmul), by the first rule
   of `KINDS` that matches.
 
-The table is printed with each kind's GB, share of the program's bytes, estimated cycles'
+The step's time is printed by both of the compiler's estimates, `optimal_seconds` and its
+per-op cycles summed at the chip's clock (`bert_jax.hlo_cycles`, as `experiments.aot_compile`
+reports them). The table gives each kind's GB, share of the program's bytes, estimated cycles'
 share, and the program's totals beside the cost model's, so the method's error is on the
 page; then each kind's tile padding (GB as laid out against GB unpadded: a head dim of 64
 in 128-lane tiles is 2x) and the `--top` ops with their result's shape and layout, the
@@ -44,6 +46,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
+from bert_jax.hlo_cycles import CYCLES as _CYCLES
 from bert_jax.hlo_text import (  # noqa: F401 - re-exported: the benchmark's parsing
     _ARRAY,
     _CALLS,
@@ -61,7 +64,6 @@ from data_pipelines import cli
 FLAGS = flags.FLAGS
 
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
-_CYCLES = re.compile(r'"estimated_cycles":"([0-9]+)"')
 
 # Ops that move nothing themselves (views, tuples, the second half of an async pair).
 _FREE = {
@@ -244,6 +246,22 @@ def padding_table(costs: list[OpCost]) -> str:
     return "\n".join(lines)
 
 
+def estimates_line(totals: dict) -> str:
+    """The program's totals by the cost model, and its step time by both of the compiler's
+    estimates: `optimal_seconds` and the per-op cycles summed (`bert_jax.hlo_cycles`), the
+    same two `experiments.aot_compile` reports."""
+    seconds, flops = totals.get("optimal_seconds"), totals.get("flops") or 0
+    per_op = totals.get("per_op_seconds")
+    step = f"{seconds * 1e3:,.1f} ms per step (optimal_seconds)" if seconds else "no step time"
+    if per_op:
+        ratio = f", {per_op / seconds:.2f}x" if seconds else ""
+        step += f"; per-op estimates {per_op * 1e3:,.1f} ms ({totals.get('device_kind')}{ratio})"
+    return (
+        f"cost model: {(totals.get('bytes accessed') or 0) / 1e9:,.1f} GB accessed, "
+        f"{flops / 1e12:,.1f} TFLOP (XLA-counted), estimate {step}"
+    )
+
+
 def compile_program(config, topology: str | None):
     """(HLO text, cost-model totals) of `config`'s train step, layers unrolled."""
     from experiments import aot_compile
@@ -258,10 +276,13 @@ def compile_program(config, topology: str | None):
     )
     print(f"compiled for {topology} in {time.perf_counter() - start:.0f} s", flush=True)
     costs = aot_compile._costs(compiled)
+    kind = devices[0].device_kind
     totals = {
         "bytes accessed": costs.get("bytes accessed"),
         "flops": costs.get("flops"),
         "optimal_seconds": aot_compile.optimal_seconds(compiled),
+        "per_op_seconds": aot_compile.per_op_seconds(compiled, kind),
+        "device_kind": kind,
     }
     return compiled.as_text(), totals
 
@@ -288,12 +309,7 @@ def main(argv) -> int:
                 json.dump(totals, f)
     costs = op_costs(text)
     if totals:
-        seconds, flops = totals.get("optimal_seconds"), totals.get("flops") or 0
-        step = f"{seconds * 1e3:,.1f} ms per step" if seconds else "no step time"
-        print(
-            f"cost model: {totals.get('bytes accessed', 0) / 1e9:,.1f} GB accessed, "
-            f"{flops / 1e12:,.1f} TFLOP (XLA-counted), estimate {step}"
-        )
+        print(estimates_line(totals))
     print(table(costs, totals.get("bytes accessed")))
     print("\ntile padding by kind:")
     print(padding_table(costs))

@@ -4,7 +4,8 @@ An independent yardstick for `experiments.aot_compile`'s estimates (issue 66): M
 train step (its model, optimizer, sharding and remat policies, built by its own
 `train_compile` functions) for a config given as MaxText `key=value` overrides, compiled
 for a TPU topology on this CPU with the same jax / libtpu, then read with the same TPU cost
-model our estimates come from. Nothing of bert_jax is imported; MaxText is not vendored.
+models our estimates come from. Of bert_jax only the program-text reader `hlo_cycles` is
+imported; MaxText is not vendored.
 
 Set up (outside the repo; MaxText needs Python >= 3.12):
 
@@ -26,6 +27,10 @@ Run (one config per call; each result is printed and appended as a JSON line to 
       --label="ModernBERT-base shape, full" -- base_emb_dim=768 base_num_decoder_layers=22 ...
 
 What it reads from the compiled step, per device (one v4 chip):
+- the compiler's second estimate, its per-op `estimated_cycles` summed (loop bodies times
+  their trips) at the chip's clock, Pallas kernels by their cost estimates: read with this
+  repository's `bert_jax/hlo_cycles.py` (text in, numbers out; nothing else of bert_jax),
+  as `experiments.aot_compile` reads ours (`per_op_seconds`, `per_op_mfu`);
 - the cost model's FLOPs, bytes accessed and `optimal_seconds`; libtpu 0.0.42.1 counts
   -1 s for each `custom_call_target="ConcatBitcast"` op (a bitcast joining a sliced
   prefetch, which it cannot cost), so each one found in the compiled text adds 1 s back,
@@ -56,6 +61,10 @@ import time
 
 # Peak dense bf16 FLOP/s of one JAX device, by the vendor's figures (v4: one megacore chip).
 PEAK_FLOPS = {"v4": 275e12, "v5p": 459e12, "v5e": 197e12, "v6e": 918e12}
+
+# The JAX device kind of each generation (for the per-op estimates' clock).
+DEVICE_KIND = {"v4": "TPU v4", "v5p": "TPU v5", "v5e": "TPU v5 lite"}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Ops libtpu 0.0.42.1's cost model cannot price and counts at -1 s each (see docstring).
 UNCOSTED_OPS = ('custom_call_target="ConcatBitcast"',)
@@ -147,7 +156,17 @@ def model_flops(config) -> float:
     return total_tflops * 1e12
 
 
-def read_compiled(compiled) -> dict:
+def per_op_seconds(text: str, generation: str) -> float | None:
+    """The compiled program's time by its per-op estimates (`bert_jax.hlo_cycles`)."""
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from bert_jax import hlo_cycles
+
+    kind = DEVICE_KIND.get(generation)
+    return hlo_cycles.per_op_seconds(text, kind, PEAK_FLOPS[generation]) if kind else None
+
+
+def read_compiled(compiled, generation: str = "v4") -> dict:
     """The cost model's and the memory analysis's figures for one device."""
     costs = compiled.cost_analysis()
     if isinstance(costs, list | tuple):  # one dict per program in older jax releases
@@ -170,6 +189,7 @@ def read_compiled(compiled) -> dict:
         "raw_optimal_seconds": None if raw is None else float(raw),
         "uncosted_ops": uncosted,
         "seconds": None if raw is None else float(raw) + uncosted,
+        "per_op_seconds": per_op_seconds(text, generation),
         "argument_bytes": stats.argument_size_in_bytes,
         "temp_bytes": stats.temp_size_in_bytes,
         "peak_bytes": peak,
@@ -184,13 +204,15 @@ def derived(row: dict, peak: float) -> dict:
     seconds, flops = row["seconds"], row["model_flops"]
     row["mfu"] = flops / (seconds * peak) if seconds and seconds > 0 else None
     row["R"] = row["cost_flops"] / flops if flops else None
+    per_op = row.get("per_op_seconds")
+    row["per_op_mfu"] = flops / (per_op * peak) if per_op and per_op > 0 else None
     return row
 
 
 def measure(args: argparse.Namespace, overrides: list[str]) -> dict:
     start = time.time()
     config, compiled = compile_step(args.maxtext_dir, overrides)
-    row = read_compiled(compiled)
+    row = read_compiled(compiled, args.topology.split("-")[0])
     row["model_flops"] = model_flops(config)
     row["layers"] = config.num_decoder_layers
     row["rows_per_chip"] = config.per_device_batch_size
@@ -205,6 +227,8 @@ def extrapolate(low: dict, high: dict, layers: int, peak: float) -> dict:
     span = high["layers"] - low["layers"]
     row = {"layers": layers, "extrapolated_from": [low["layers"], high["layers"]]}
     keys = ("cost_flops", "bytes_accessed", "seconds", "temp_bytes", "peak_bytes", "model_flops")
+    if low.get("per_op_seconds") and high.get("per_op_seconds"):
+        keys += ("per_op_seconds",)
     for key in keys:
         per_layer = (high[key] - low[key]) / span
         row[key] = high[key] + per_layer * (layers - high["layers"])
@@ -226,6 +250,8 @@ def show(row: dict) -> str:
         f"(temp {fmt(row.get('temp_bytes'), GIB, 2)}, "
         f"args {fmt(row.get('argument_bytes'), GIB, 2)}), "
         f"{fmt(row['seconds'], 1e-3)} ms/step, MFU {fmt(mfu)}%, "
+        f"per-op estimates {fmt(row.get('per_op_seconds'), 1e-3)} ms/step, MFU "
+        f"{fmt(None if row.get('per_op_mfu') is None else 100 * row['per_op_mfu'])}%, "
         f"HBM {fmt(row['bytes_accessed'], 1e9)} GB/step, R {fmt(row.get('R'), digits=2)}, "
         f"model {fmt(row['model_flops'], 1e12, 2)} TFLOP, "
         f"cost model {fmt(row['cost_flops'], 1e12, 2)}"

@@ -21,13 +21,20 @@ and the days to train at it, and the FLOPs the cost model counts against the mod
 estimate is too low). The cost model too counts a scanned loop body once, so the
 estimate comes from the same step compiled with its layers unrolled (`scan_layers=False`;
 the memory fit stays the config's own); on v4 and v5e the -1 s the cost model counts for
-each op it cannot cost is taken back out (`UNCOSTED_OPS`). The exit status is 1 when the
-step does not fit, 2 when it cannot be compiled for another reason.
+each op it cannot cost is taken back out (`UNCOSTED_OPS`).
+
+The compiler's second cost model is reported beside it, for the same unrolled step: the sum
+of the per-op `estimated_cycles` it writes into the program, at the chip's clock, Pallas
+kernels priced by their cost estimates (`bert_jax.hlo_cycles`); with the MFU, tokens/s,
+time and chip-hours of both as a range. Neither is a measurement: the headline is that
+range calibrated against published, measured TPU runs compiled here
+(`experiments.tpu_calibration`, benchmarks/results/tpu_calibration.md), the raw estimates
+beside it (`experiments.aot_report`). The exit status is 1 when the step does not fit, 2
+when it cannot be compiled for another reason.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import sys
@@ -38,9 +45,19 @@ from ml_collections import config_flags
 
 from bert_jax import config_bounds
 from data_pipelines import cli
-from experiments.tpu_slice import accelerator_type, topology_chips, topology_generation
-
-GiB = 1024**3
+from experiments.aot_report import (  # noqa: F401 - the report's names, importable from here
+    HBM_HEADROOM,
+    FitReport,
+    GiB,
+    MemoryUse,
+    duration,
+    duration_range,
+    eval_peak_bytes,
+    fits,
+    implied_mfu,
+    projected_seconds,
+)
+from experiments.tpu_slice import topology_chips, topology_generation
 
 # HBM of one JAX device. TPU v2/v3 expose each TensorCore as a device (v3: 32 GiB per
 # chip, 16 GiB per core); v4 and v5p join a chip's two cores into one device (megacore).
@@ -56,79 +73,6 @@ HBM_BYTES_BY_DEVICE_KIND = {
 MEGACORE = ("v4", "v5p")
 
 
-@dataclasses.dataclass(frozen=True)
-class MemoryUse:
-    """Per-device bytes of one compiled program (fields of XLA's memory analysis)."""
-
-    arguments: int
-    outputs: int
-    aliased: int  # outputs written into donated arguments' buffers (counted once)
-    temporaries: int
-    generated_code: int
-
-    @property
-    def total(self) -> int:
-        """Peak bytes the program needs on one device."""
-        return self.arguments + self.outputs - self.aliased + self.temporaries + self.generated_code
-
-    @classmethod
-    def of(cls, compiled) -> MemoryUse:
-        stats = compiled.memory_analysis()
-        if stats is None:
-            raise RuntimeError("the compiler gave no memory analysis for this program")
-        return cls(
-            arguments=stats.argument_size_in_bytes,
-            outputs=stats.output_size_in_bytes,
-            aliased=stats.alias_size_in_bytes,
-            temporaries=stats.temp_size_in_bytes,
-            generated_code=stats.generated_code_size_in_bytes,
-        )
-
-
-def eval_peak_bytes(train: MemoryUse, evaluate: MemoryUse) -> int:
-    """Peak bytes while evaluating mid-training: the whole train state stays resident.
-
-    The eval step takes only the params, but the optimizer state (and the train batch's
-    buffers) live on, so its own needs come on top of the train step's arguments.
-    """
-    return (
-        train.arguments
-        + evaluate.outputs
-        + evaluate.temporaries
-        + evaluate.generated_code
-        + max(evaluate.arguments - train.arguments, 0)
-    )
-
-
-# The TPU runtime keeps part of HBM for itself: the compiler counts 15.48 GiB usable on a
-# 16 GiB v3 core and 15.75 GiB on a v5e chip. A plan must leave at least this fraction.
-HBM_HEADROOM = 0.035
-
-
-def fits(peak_bytes: int, hbm_bytes: int, headroom: float = HBM_HEADROOM) -> bool:
-    """Whether a program needing `peak_bytes` per device fits in `hbm_bytes` less headroom."""
-    return peak_bytes <= hbm_bytes * (1 - headroom)
-
-
-def projected_seconds(
-    flops_per_step: float, steps: int, peak_flops_per_device: float, devices: int, mfu: float
-) -> float:
-    """Wall-clock seconds for `steps` steps at model-FLOPs utilisation `mfu`."""
-    if not 0 < mfu <= 1:
-        raise ValueError(f"mfu must be in (0, 1], got {mfu}")
-    return flops_per_step * steps / (peak_flops_per_device * devices * mfu)
-
-
-def implied_mfu(
-    flops_per_step: float, step_seconds: float, peak_flops_per_device: float, devices: int
-) -> float:
-    """The model-FLOPs utilisation of a step of `flops_per_step` model FLOPs taking
-    `step_seconds` on `devices` devices (the inverse of `projected_seconds`)."""
-    if not step_seconds > 0:
-        raise ValueError(f"step_seconds must be positive, got {step_seconds}")
-    return flops_per_step / (step_seconds * peak_flops_per_device * devices)
-
-
 # On v4 and v5e slices the TPU compiler's memory-space assignment prefetches big arrays in
 # slices and reassembles each with a `ConcatBitcast` custom call: a bitcast, no work, but
 # libtpu 0.0.42.1's cost model cannot cost it and adds -1 s for each one to
@@ -137,14 +81,6 @@ def implied_mfu(
 # there); compiling without sliced prefetches instead (`xla_tpu_sliced_prefetch_max_slices
 # =0`) gives a costable but different program, 128.8 ms. v3 has none of these ops.
 UNCOSTED_OPS = ('custom_call_target="ConcatBitcast"',)
-
-
-def duration(days: float) -> str:
-    """`days` as people say it: minutes under an hour, hours under two days, else days."""
-    hours = days * 24
-    if hours < 1:
-        return f"{hours * 60:.0f} min"
-    return f"{hours:.1f} h" if hours < 48 else f"{days:.1f} days"
 
 
 def _costs(compiled) -> dict:
@@ -202,164 +138,6 @@ def device_peak_flops(device_kind: str) -> float:
     if device_kind not in telemetry.PEAK_FLOPS_BY_DEVICE_KIND:
         raise ValueError(f"no peak FLOP/s known for device kind {device_kind!r}")
     return telemetry.PEAK_FLOPS_BY_DEVICE_KIND[device_kind]
-
-
-@dataclasses.dataclass
-class FitReport:
-    """What the fit check found for one config on one slice."""
-
-    topology: str
-    device_kind: str
-    num_devices: int
-    num_chips: int
-    mesh_shape: dict[str, int]
-    hbm_bytes: int
-    train: MemoryUse
-    evaluate: MemoryUse
-    flops_per_step: float
-    steps: int
-    peak_flops_per_device: float
-    compile_seconds: float
-    # The compiler's estimate of one train step (unrolled layers), s; None: no estimate.
-    compiler_step_seconds: float | None = None
-    # The cost model's HBM bytes read and written per device by that step; None: unknown.
-    compiler_bytes: float | None = None
-    # The cost model's FLOPs per device of that step; None: unknown.
-    compiler_flops: float | None = None
-    layout: str = ""  # what was compiled: mesh, weight update, remat, scan (`layout_of`)
-    estimated: bool = True  # whether the compiler's estimate was asked for
-    tokens_per_step: int = 0  # token slots of a step's rows (global batch x sequence length)
-    packed: bool = False  # rows hold several instances (`data.pack`)
-
-    @property
-    def compiler_mfu(self) -> float | None:
-        """The MFU the compiler's step-time estimate implies."""
-        if self.compiler_step_seconds is None:
-            return None
-        return implied_mfu(
-            self.flops_per_step,
-            self.compiler_step_seconds,
-            self.peak_flops_per_device,
-            self.num_devices,
-        )
-
-    @property
-    def cost_model_ratio(self) -> float | None:
-        """The cost model's FLOPs of the whole step over the analytic model FLOPs: below 1,
-        something is priced at less than its work (a Pallas kernel without a cost estimate
-        counts zero), so the time estimate is too low."""
-        if not self.compiler_flops:
-            return None
-        return self.compiler_flops * self.num_devices / self.flops_per_step
-
-    @property
-    def compiler_days(self) -> float | None:
-        """Days to train this config's steps at the compiler's step-time estimate."""
-        if self.compiler_step_seconds is None:
-            return None
-        return self.compiler_step_seconds * self.steps / 86400
-
-    @property
-    def eval_peak(self) -> int:
-        return eval_peak_bytes(self.train, self.evaluate)
-
-    @property
-    def fits(self) -> bool:
-        return fits(self.train.total, self.hbm_bytes) and fits(self.eval_peak, self.hbm_bytes)
-
-    def days(self, mfu: float) -> float:
-        seconds = projected_seconds(
-            self.flops_per_step, self.steps, self.peak_flops_per_device, self.num_devices, mfu
-        )
-        return seconds / 86400
-
-    def real_tokens_per_second(self, padding: float) -> float | None:
-        """Real (non-padding) tokens per second at the compiler's estimate, for rows whose
-        fraction `padding` is padding (what `benchmarks.bench_packing` measures on a corpus:
-        packing lowers it; the step's time per row stays the same)."""
-        if not 0 <= padding < 1:
-            raise ValueError(f"padding must be in [0, 1), got {padding}")
-        if self.compiler_step_seconds is None:
-            return None
-        return self.tokens_per_step * (1 - padding) / self.compiler_step_seconds
-
-    def format(
-        self, mfu: float, usd_per_chip_hour: float | None = None, padding: float | None = None
-    ) -> str:
-        def gib(n):
-            return f"{n / GiB:7.2f} GiB"
-
-        t, e = self.train, self.evaluate
-        step_seconds = projected_seconds(
-            self.flops_per_step, 1, self.peak_flops_per_device, self.num_devices, mfu
-        )
-        lines = [
-            f"slice {self.topology} ({accelerator_type(self.topology)}): {self.num_devices} x "
-            f"{self.device_kind} ({self.num_chips} chips), mesh {self.mesh_shape}, compiled in "
-            f"{self.compile_seconds:.0f} s",
-            f"layout: {self.layout}",
-            f"per-device memory     train step   eval step   (HBM {gib(self.hbm_bytes)})",
-            f"  arguments        {gib(t.arguments)}  {gib(e.arguments)}",
-            f"  outputs          {gib(t.outputs)}  {gib(e.outputs)}",
-            f"  aliased (donated){gib(t.aliased)}  {gib(e.aliased)}",
-            f"  temporaries      {gib(t.temporaries)}  {gib(e.temporaries)}",
-            f"  generated code   {gib(t.generated_code)}  {gib(e.generated_code)}",
-            f"  total            {gib(t.total)}  {gib(self.eval_peak)} (with the train state)",
-            f"  fits: {'yes' if self.fits else 'NO'} "
-            f"({100 * max(t.total, self.eval_peak) / self.hbm_bytes:.0f}% of HBM; at most "
-            f"{100 * (1 - HBM_HEADROOM):.1f}% is usable)",
-            f"model FLOPs per step  {self.flops_per_step:.4g} (analytic: 6 x params-in-matmuls "
-            f"x tokens + attention)",
-        ]
-        ratio = self.cost_model_ratio
-        if ratio is not None:
-            lines.append(
-                f"cost model FLOPs {self.compiler_flops * self.num_devices:.4g} ({ratio:.2f}x "
-                f"the model FLOPs)"
-            )
-            if ratio < 1:
-                lines.append(
-                    "  WARNING: the cost model counts fewer FLOPs than the model has: some of "
-                    "the step (a Pallas kernel without a cost estimate?) is priced at zero, so "
-                    "the compiler's time estimate below is too low"
-                )
-        lines += [
-            f"projected at MFU {mfu:.0%}: {step_seconds * 1e3:.1f} ms/step, {self.steps:,} steps "
-            f"= {duration(self.days(mfu))}",
-        ]
-        if usd_per_chip_hour:
-            cost = self.days(mfu) * 24 * self.num_chips * usd_per_chip_hour
-            lines.append(f"  at ${usd_per_chip_hour:.2f}/chip-hour: ${cost:,.0f}")
-        if self.compiler_step_seconds is None:
-            why = "the cost model gave no optimal_seconds" if self.estimated else "--noestimate"
-            lines.append(f"compiler's estimate: none ({why})")
-            return "\n".join(lines)
-        days = self.compiler_days
-        lines.append(
-            f"compiler's estimate (unrolled layers): {self.compiler_step_seconds * 1e3:.1f} "
-            f"ms/step = MFU {self.compiler_mfu:.1%}, {self.steps:,} steps = {duration(days)} "
-            f"({days * 24 * self.num_chips:,.0f} chip-hours)"
-        )
-        rows = "packed rows" if self.packed else "unpacked rows"
-        if padding is None:
-            slots = self.real_tokens_per_second(0.0)
-            lines.append(
-                f"  {slots:,.0f} token slots/s ({rows}); --padding=<fraction> counts real tokens"
-            )
-        else:
-            lines.append(
-                f"  {self.real_tokens_per_second(padding):,.0f} real tokens/s ({rows} with "
-                f"{padding:.1%} padding)"
-            )
-        if self.compiler_bytes:
-            lines.append(
-                f"  HBM traffic by the cost model: {self.compiler_bytes / 1e9:.1f} GB per device "
-                f"per step"
-            )
-        if usd_per_chip_hour:
-            cost = days * 24 * self.num_chips * usd_per_chip_hour
-            lines.append(f"  at ${usd_per_chip_hour:.2f}/chip-hour: ${cost:,.0f}")
-        return "\n".join(lines)
 
 
 def steps_to_train(config) -> int:
@@ -421,16 +199,30 @@ def unrolled(config):
     return config
 
 
+def per_op_seconds(compiled, device_kind: str) -> float | None:
+    """The compiler's other estimate of one run of `compiled`: its per-op `estimated_cycles`
+    summed (loop bodies times their trips) at the chip's clock, Pallas kernels by their cost
+    estimates (`bert_jax.hlo_cycles`); None where the chip's clock is not known."""
+    from bert_jax import hlo_cycles
+
+    if device_kind not in hlo_cycles.CLOCK_HZ:
+        return None
+    return hlo_cycles.per_op_seconds(
+        compiled.as_text(), device_kind, device_peak_flops(device_kind)
+    )
+
+
 def estimate_step(config, devices, compiled_train) -> tuple[float | None, ...]:
-    """The compiler's estimate of one train step (seconds, HBM bytes and FLOPs per device): from
-    `compiled_train` when its layers are unrolled, else from the step compiled again
-    unrolled (the cost model counts a scanned body once)."""
+    """The compiler's estimates of one train step (seconds, HBM bytes and FLOPs per device,
+    seconds by the per-op estimates): from `compiled_train` when its layers are unrolled,
+    else from the step compiled again unrolled (the cost model counts a scanned body once)."""
     if config.model.scan_layers:
         compiled_train, _, _, _ = compile_steps(unrolled(config), devices, evaluate=False)
     return (
         optimal_seconds(compiled_train),
         bytes_accessed(compiled_train),
         cost_model_flops(compiled_train),
+        per_op_seconds(compiled_train, devices[0].device_kind),
     )
 
 
@@ -449,13 +241,14 @@ def check(config, topology: str, estimate: bool = True) -> FitReport:
     """Compiles `config` for the TPU slice `topology` and reports the fit (and, with
     `estimate`, the compiler's step time)."""
     from bert_jax import train
+    from experiments import tpu_calibration
 
     devices = slice_devices(topology)
     kind = devices[0].device_kind
     start = time.perf_counter()
     compiled_train, compiled_eval, mesh, cfg = compile_steps(config, devices)
-    step_seconds, traffic, cost_flops = (
-        estimate_step(config, devices, compiled_train) if estimate else (None, None, None)
+    step_seconds, traffic, cost_flops, per_op = (
+        estimate_step(config, devices, compiled_train) if estimate else (None,) * 4
     )
     seconds = time.perf_counter() - start
     data = config.data
@@ -475,6 +268,8 @@ def check(config, topology: str, estimate: bool = True) -> FitReport:
         compiler_step_seconds=step_seconds,
         compiler_bytes=traffic,
         compiler_flops=cost_flops,
+        per_op_step_seconds=per_op,
+        calibration=tpu_calibration.load(),
         layout=layout_of(config, dict(mesh.shape)),
         estimated=estimate,
         tokens_per_step=config.global_batch_size * data.max_seq_length,
@@ -495,9 +290,11 @@ def run(
     usd_per_chip_hour: float | None,
     estimate: bool = True,
     padding: float | None = None,
+    record: str | None = None,
 ) -> int:
     """Checks `config`, prints the report; returns the exit status (0 fits, 1 does not,
-    2 no slice to check for)."""
+    2 no slice to check for). With `record` (a JSON file), the report's figures are kept
+    there under the config's name (`benchmarks.tpu_figures`: the docs' figures come from it)."""
     topology = topology or config.get("topology")
     if not topology:
         print("the config has no `topology` key: pass --topology (e.g. --topology=v3:8x8)")
@@ -511,6 +308,11 @@ def run(
         print(f"DOES NOT FIT on {topology}: the TPU compiler ran out of HBM:\n{e}")
         return 1
     print(report.format(mfu, usd_per_chip_hour, padding))
+    if record:
+        from benchmarks import tpu_figures
+
+        tpu_figures.record_report(record, report, config_name())
+        print(f"recorded in {record}")
     if not report.fits:
         needed = max(report.train.total, report.eval_peak)
         usable = report.hbm_bytes * (1 - HBM_HEADROOM)
@@ -521,6 +323,18 @@ def run(
         )
         return 1
     return 0
+
+
+def config_name() -> str:
+    """The --config given (file name and :variant) and any --config.key overrides after it."""
+    name, overrides = flags.FLAGS["config"].config_filename, []
+    for arg in sys.argv[1:]:
+        if arg.startswith("--config="):
+            name = os.path.basename(arg.split("=", 1)[1])
+        elif arg.startswith("--config.") and not arg.startswith("--config.model.scan_layers="):
+            # (the estimate is the unrolled step's either way: scanning changes the memory)
+            overrides.append(arg[len("--config.") :])
+    return " ".join([name, *overrides])
 
 
 def main(argv) -> int:
@@ -552,6 +366,7 @@ def main(argv) -> int:
             FLAGS.usd_per_chip_hour,
             FLAGS.estimate,
             FLAGS.padding,
+            FLAGS.record,
         )
     except Exception:  # noqa: BLE001  (any other failure to lower or compile)
         logging.exception("the step could not be compiled")
@@ -602,6 +417,13 @@ def _run():
         "proxy_layers",
         lambda v: v is None or (len(v) == 2 and all(n.isdigit() and int(n) > 0 for n in v)),
         "--proxy_layers takes two layer counts, e.g. 3,6",
+    )
+    flags.DEFINE_string(
+        "record",
+        None,
+        "Keep the report's figures in this JSON file under the config's name (e.g. "
+        "benchmarks/results/tpu_figures.json, which the docs' TPU figures are generated from: "
+        "python -m benchmarks.tpu_figures --write).",
     )
     flags.DEFINE_bool(
         "estimate",

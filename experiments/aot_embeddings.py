@@ -57,20 +57,16 @@ import math
 import re
 import time
 
+from bert_jax.hlo_cycles import CYCLES as _CYCLES
+from bert_jax.hlo_cycles import FREE as _FREE
+from bert_jax.hlo_cycles import loop_trips as _trips
 from experiments import aot_compile
 from experiments.aot_compile import HBM_HEADROOM, GiB, MemoryUse
 from experiments.tpu_slice import accelerator_type, topology_chips
 
-_CYCLES = re.compile(r'"estimated_cycles":"([0-9]+)"')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _DIMS = re.compile(r"\b[a-z][a-z0-9]*\[([0-9,]*)\]")
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-# Ops that move nothing themselves (views, tuples, the second half of an async pair).
-_FREE = {
-    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "partition-id",
-    "replica-id", "copy-done", "slice-done", "all-reduce-done", "all-gather-done",
-    "collective-permute-done", "async-done", "after-all", "iota",
-}  # fmt: skip
 
 PARTS = (
     "encoder: first forward (chunk loops)",
@@ -117,15 +113,6 @@ def _group_size(attrs: str, devices: int) -> int:
         return int(iota.group(1))
     listed = re.search(r"replica_groups=\{\{([0-9,]+)\}", attrs)
     return len(listed.group(1).split(",")) if listed else devices
-
-
-def _trips(hlo_text: str, condition: str) -> int:
-    """A `lax.map` loop's trip count: the constant its condition compares the counter with."""
-    block = re.search(rf"^%{re.escape(condition)} .*?^\}}", hlo_text, re.M | re.S)
-    found = re.findall(r"constant\((\d+)\)", block.group(0)) if block else []
-    if not found:
-        raise ValueError(f"no trip count in the loop condition {condition}")
-    return int(found[-1])
 
 
 def program_costs(hlo_text: str, weight_shapes: set[tuple[int, ...]], devices: int) -> Program:
@@ -245,6 +232,9 @@ class ContrastiveReport:
     collective_seconds: dict[str, float] | None = None  # `price_collectives`
     layers: int = 0  # the encoder's layers compiled (or extrapolated to)
     proxies: tuple[ContrastiveReport, ...] = ()  # the compiles an extrapolation came from
+    # The step by the compiler's per-op estimates (`bert_jax.hlo_cycles`: loop bodies times
+    # their trips, kernels by their cost estimates), s; None: no clock known for the chip.
+    per_op_seconds: float | None = None
 
     @property
     def fits(self) -> bool:
@@ -295,6 +285,7 @@ class ContrastiveReport:
             f"{self.mfu('with_recompute'):.1%} with the cached forward",
             f"  {self.steps:,} steps = {aot_compile.duration(days)} "
             f"({days * 24 * self.num_chips:,.0f} chip-hours); {self.texts / seconds:,.0f} texts/s",
+            _per_op_line(self),
             "where the step goes, per device (loop bodies x their trips): ms of the estimate "
             "by each part's share of the ops' estimated cycles; a collective's ops carry none, "
             "so its ms is the compiler's price of it compiled alone (`price_collectives`)",
@@ -316,6 +307,23 @@ class ContrastiveReport:
             ici = f"{part.ici_bytes / 1e6:,.1f}" if part.ici_bytes else ""
             lines.append(f"| {name} | {ms} | {part.hbm_bytes / 1e9:.2f} | {ici} | {part.ops:,} |")
         return "\n".join(lines)
+
+
+def _per_op_line(report: ContrastiveReport) -> str:
+    """The step by the per-op estimates, beside `optimal_seconds`' (scaled) figure."""
+    per_op = report.per_op_seconds
+    if not per_op:
+        return "per-op estimate: none (no clock known for this chip)"
+    days = per_op * report.steps / 86400
+    mfu = aot_compile.implied_mfu(
+        report.flops["model"], per_op, report.peak_flops_per_device, report.num_devices
+    )
+    return (
+        f"per-op estimate (estimated_cycles at the chip's clock, loops x trips, kernels by "
+        f"their cost estimates): {per_op * 1e3:.1f} ms/step ({per_op / report.step_seconds:.2f}x"
+        f") = MFU {mfu:.1%}, {aot_compile.duration(days)} "
+        f"({days * 24 * report.num_chips:,.0f} chip-hours)"
+    )
 
 
 def proxy_line(proxy: ContrastiveReport) -> str:
@@ -380,6 +388,7 @@ def check(
     pairs = config.global_batch_size
     candidates = (pairs * (1 + negatives), cfg.hidden_size)
     alone = price_collectives(mesh, candidates, weights) if raw else None
+    per_op = aot_compile.per_op_seconds(compiled, kind) if raw else None
     return ContrastiveReport(
         topology=topology,
         device_kind=kind,
@@ -399,6 +408,7 @@ def check(
         program=program,
         collective_seconds=alone,
         layers=cfg.num_hidden_layers,
+        per_op_seconds=per_op,
     )
 
 
@@ -438,6 +448,11 @@ def extrapolate(
         collective_seconds=alone,
         layers=cfg.num_hidden_layers,
         proxies=(a, b),
+        per_op_seconds=(
+            line(a.per_op_seconds, b.per_op_seconds)
+            if a.per_op_seconds and b.per_op_seconds
+            else None
+        ),
     )
 
 

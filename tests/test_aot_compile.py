@@ -201,6 +201,49 @@ def test_report_of_the_compilers_estimate():
     assert "19.6 ms/step" in text  # the assumed-MFU projection stays beside it
 
 
+def test_the_report_gives_both_cost_models_and_the_calibrated_headline():
+    from experiments import tpu_calibration
+
+    report = _report(7 * GiB, step_seconds=0.0518)
+    report.per_op_step_seconds = 0.0777
+    text = report.format(mfu=0.4)
+    # 0.0777 s: 6.16e13 / (0.0777 x 128 x 61.5e12) = 10.1%; x 900k = 19.4 h, 1,243 chip-hours.
+    assert (
+        "per-op estimate (estimated_cycles summed at the chip's clock, kernels by their cost "
+        "estimates): 77.7 ms/step = MFU 10.1%, 900,000 steps = 19.4 h (1,243 chip-hours); "
+        "1.50x optimal_seconds" in text
+    )
+    assert (
+        "both cost models: 51.8-77.7 ms/step, MFU 10.1-15.1%, 900,000 steps = 12.9-19.4 h "
+        "(829-1,243 chip-hours)" in text
+    )
+    assert "calibrated estimate: none (no calibration record)" in text
+    # Measured at 0.8x and 0.5x of optimal_seconds' MFU, 1.0x and 0.9x of the per-op one's:
+    # 51.8 / 0.8 = 64.75 ms to 51.8 / 0.5 = 103.6 ms; the per-op 77.7 and 86.3 lie inside.
+    runs = (
+        tpu_calibration.Run("a", "v4-128", 0.4, {"optimal_seconds": 0.5, "per_op": 0.4}),
+        tpu_calibration.Run("b", "v5e-256", 0.3, {"optimal_seconds": 0.6, "per_op": 1 / 3}),
+    )
+    report.calibration = tpu_calibration.Calibration(runs)
+    assert report.calibrated_range == (pytest.approx(0.06475), pytest.approx(0.1036))
+    report.tokens_per_step = 256 * 128
+    text = report.format(mfu=0.4, usd_per_chip_hour=2.0)
+    assert (
+        "CALIBRATED ESTIMATE (headline): 64.7-103.6 ms/step, MFU 7.6-12.1%, 316,293-506,069 "
+        "token slots/s, 900,000 steps = 16.2-25.9 h (1,036-1,658 chip-hours), $2,072-$3,315" in text
+    )
+    assert "calibrated by 2 measured runs, measured/estimated optimal_seconds x0.50-0.80" in text
+    # The raw optimal_seconds line stays as it was (tools read it).
+    assert "compiler's estimate (unrolled layers): 51.8 ms/step = MFU 15.1%" in text
+
+
+def test_ranges_say_their_unit_once():
+    assert aot_compile.duration_range(0.5, 0.75) == "12.0-18.0 h"
+    assert aot_compile.duration_range(1.5, 3.2) == "36.0 h-3.2 days"
+    assert aot_compile.duration_range(3.2, 4.4) == "3.2-4.4 days"
+    assert aot_compile.duration_range(2.0, 2.0) == "2.0 days"
+
+
 def test_the_report_names_the_layout_it_measured_and_the_traffic():
     from experiments.configs import bert_large_paper
 
