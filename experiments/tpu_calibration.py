@@ -69,6 +69,32 @@ class Calibration:
         )
 
 
+def table(record: dict) -> str:
+    """The record's runs as the markdown table benchmarks/results/tpu_calibration.md shows
+    (tests/test_hlo_cycles.py checks the page holds it), with each model's spread."""
+    lines = [
+        "| measured run | slice | bound by | measured MFU | MFU by optimal_seconds | MFU by "
+        "per-op cycles | measured / optimal_seconds | measured / per-op |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    calibration = from_record(record)
+    used = [r for r in record["runs"] if r.get("use", True)]
+    for run, entry in zip(calibration.runs, used, strict=True):
+        estimated = run.estimated_mfu
+        lines.append(
+            f"| {run.name} | {run.slice} | {entry.get('bound', '')} | {run.measured_mfu:.1%} | "
+            f"{estimated['optimal_seconds']:.1%} | {estimated['per_op']:.1%} | "
+            f"{run.ratio('optimal_seconds'):.2f} | {run.ratio('per_op'):.2f} |"
+        )
+    for model in MODELS:
+        ratios = calibration.ratios(model)
+        lines.append(
+            f"\n{MODEL_NAMES[model]}: measured / estimated {min(ratios):.2f}-{max(ratios):.2f} "
+            f"(spread {max(ratios) / min(ratios):.2f}x) over {len(ratios)} runs"
+        )
+    return "\n".join(lines)
+
+
 def from_record(record: dict) -> Calibration:
     runs = tuple(
         Run(

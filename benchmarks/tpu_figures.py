@@ -1,0 +1,185 @@
+r"""The TPU times and costs the README and docs state, generated from records.
+
+Every such figure in a page sits between two markers, the record's ids in the first:
+
+    <!-- tpu-figure bert_large_v4.py:phase1@v4:2x2x4 usd=3.22 -->12-19 h ...<!-- /tpu-figure -->
+
+and is the calibrated range (`experiments.tpu_calibration`: each cost model's estimate over
+each measured run's ratio) of the records named, their steps summed where several are
+joined by `+` (a recipe's phases): time to train and chip-hours, the cost at `usd=` a
+chip-hour where given, and with `goal_days=` whether the range's upper end is within that
+goal. The records are `benchmarks/results/tpu_figures.json`, one per config and slice:
+what `experiments.aot_compile --record=` keeps of a compile (model FLOPs, steps, slice,
+both cost models' step time, memory, when, at what load), or for rows not
+recompiled since, the docs' own table figures with their date (`source`).
+
+    python -m benchmarks.tpu_figures            # exit 1 and name each page figure that drifted
+    python -m benchmarks.tpu_figures --write    # rewrite them from the records
+
+tests/test_tpu_figures.py runs the check: a page whose figure is not its record's fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECORD = os.path.join(REPO, "benchmarks", "results", "tpu_figures.json")
+PAGES = ("README.md", "docs/tpu.md", "docs/tpu_estimates.md", "docs/tpu_modernbert.md")
+MARKER = re.compile(
+    r"<!-- tpu-figure (?P<ids>\S+)(?P<opts>(?: \w+=\S+)*) -->(?P<text>.*?)<!-- /tpu-figure -->",
+    re.S,
+)
+
+
+def load(path: str = RECORD) -> dict[str, dict]:
+    with open(path) as f:
+        return {entry["id"]: entry for entry in json.load(f)["figures"]}
+
+
+def _write(path: str, entries: dict[str, dict]) -> None:
+    with open(path, "w") as f:
+        json.dump({"figures": list(entries.values())}, f, indent=1)
+        f.write("\n")
+
+
+def record_report(path: str, report, name: str) -> None:
+    """Keeps an `experiments.aot_compile` report's figures in `path` as `name@topology`."""
+    entries = load(path) if os.path.exists(path) else {}
+    key = f"{name}@{report.topology}"
+    try:
+        load_average = os.getloadavg()[0]
+    except OSError:
+        load_average = None
+    entries[key] = {
+        "id": key,
+        "slice": report.topology,
+        "device_kind": report.device_kind,
+        "num_devices": report.num_devices,
+        "num_chips": report.num_chips,
+        "peak_flops_per_device": report.peak_flops_per_device,
+        "flops_per_step": report.flops_per_step,
+        "steps": report.steps,
+        "tokens_per_step": report.tokens_per_step,
+        "optimal_seconds": report.compiler_step_seconds,
+        "per_op_seconds": report.per_op_step_seconds,
+        "train_gib": round(report.train.total / 1024**3, 2),
+        "layout": report.layout,
+        "source": "experiments.aot_compile --record, "
+        + datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        + (f", load {load_average:.1f}" if load_average is not None else ""),
+    }
+    _write(path, entries)
+
+
+def _plan(entry: dict):
+    from experiments.aot_report import Plan
+
+    return Plan(
+        entry["flops_per_step"],
+        entry["peak_flops_per_device"],
+        entry["num_devices"],
+        entry["num_chips"],
+        entry["steps"],
+        entry.get("tokens_per_step", 0),
+    )
+
+
+def calibrated_run(entries: dict[str, dict], ids: str, calibration) -> tuple[float, float, int]:
+    """(shortest, longest) days of the records `ids` (joined by +) by the calibration, and
+    their slice's chips (the records of one figure share a slice)."""
+    shortest = longest = 0.0
+    chips = set()
+    for key in ids.split("+"):
+        if key not in entries:
+            raise KeyError(f"no record {key!r} in {RECORD}")
+        entry = entries[key]
+        estimates = {"optimal_seconds": entry["optimal_seconds"]}
+        estimates["per_op"] = entry.get("per_op_seconds")
+        step = calibration.step_range(estimates)
+        plan = _plan(entry)
+        shortest += plan.days(step[0])
+        longest += plan.days(step[1])
+        chips.add(entry["num_chips"])
+    if len(chips) != 1:
+        raise ValueError(f"{ids}: records on slices of different sizes")
+    return shortest, longest, chips.pop()
+
+
+def render(entries: dict[str, dict], ids: str, opts: str, calibration) -> str:
+    """A figure's text: time to train and chip-hours (and cost), calibrated."""
+    from experiments.aot_report import _span, duration_range
+
+    shortest, longest, chips = calibrated_run(entries, ids, calibration)
+    low, high = shortest * 24 * chips, longest * 24 * chips
+    text = f"{duration_range(shortest, longest)}, {_span(f'{low:,.0f}', f'{high:,.0f}')} chip-hours"
+    options = dict(opt.split("=", 1) for opt in opts.split())
+    if "usd" in options:
+        usd = float(options["usd"])
+        cost = _span(f"${low * usd:,.0f}", f"${high * usd:,.0f}")
+        text += f", {cost} at ${usd:.2f}/chip-hour"
+    if not all(entries[key].get("per_op_seconds") for key in ids.split("+")):
+        text += " (optimal_seconds only: the per-op sum not compiled)"
+    if "goal_days" in options:  # a goal judged against the range's upper end
+        goal = float(options["goal_days"])
+        verdict = "within" if longest <= goal else "over"
+        text += f"; the upper end, {longest:.1f} days, is {verdict} the {goal:g}-day goal"
+    return text
+
+
+def regenerate(page_text: str, entries: dict[str, dict], calibration) -> str:
+    def figure(match):
+        text = render(entries, match["ids"], match["opts"], calibration)
+        return f"<!-- tpu-figure {match['ids']}{match['opts']} -->{text}<!-- /tpu-figure -->"
+
+    return MARKER.sub(figure, page_text)
+
+
+def drifted(pages=PAGES, record: str = RECORD) -> list[str]:
+    """Each page figure that is not its records' calibrated range: 'page: stated != record'."""
+    from experiments import tpu_calibration
+
+    entries, calibration = load(record), tpu_calibration.load()
+    found = []
+    for page in pages:
+        with open(os.path.join(REPO, page)) as f:
+            text = f.read()
+        for match in MARKER.finditer(text):
+            expected = render(entries, match["ids"], match["opts"], calibration)
+            if match["text"] != expected:
+                found.append(f"{page}: {match['ids']}: {match['text']!r} != {expected!r}")
+    return found
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the pages' figures")
+    args = parser.parse_args(argv)
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    if not args.write:
+        found = drifted()
+        print("\n".join(found) or "every page figure is its record's calibrated range")
+        return 1 if found else 0
+    from experiments import tpu_calibration
+
+    entries, calibration = load(), tpu_calibration.load()
+    for page in PAGES:
+        path = os.path.join(REPO, page)
+        with open(path) as f:
+            text = f.read()
+        new = regenerate(text, entries, calibration)
+        if new != text:
+            with open(path, "w") as f:
+                f.write(new)
+            print(f"rewrote {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
