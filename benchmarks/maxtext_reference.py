@@ -67,7 +67,12 @@ DEVICE_KIND = {"v4": "TPU v4", "v5p": "TPU v5", "v5e": "TPU v5 lite"}
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Ops libtpu 0.0.42.1's cost model cannot price and counts at -1 s each (see docstring).
-UNCOSTED_OPS = ('custom_call_target="ConcatBitcast"',)
+# (v5p's SparseCore-offloaded gathers: PrepareAsyncCallStart / Done, -1 s each too.)
+UNCOSTED_OPS = (
+    'custom_call_target="ConcatBitcast"',
+    'custom_call_target="PrepareAsyncCallStart"',
+    'custom_call_target="PrepareAsyncCallDone"',
+)
 
 GIB = 1024**3
 
@@ -87,6 +92,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--extrapolate_to", type=int, default=0, help="layer count --layers extrapolates to"
+    )
+    parser.add_argument(
+        "--save_hlo", default="", help="write each compiled program's text to PREFIX<layers>.hlo"
     )
     parser.add_argument("overrides", nargs="*", help="MaxText key=value overrides")
     args = parser.parse_args(argv)
@@ -213,6 +221,9 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> dict:
     start = time.time()
     config, compiled = compile_step(args.maxtext_dir, overrides)
     row = read_compiled(compiled, args.topology.split("-")[0])
+    if args.save_hlo:
+        with open(f"{args.save_hlo}{config.num_decoder_layers}.hlo", "w") as f:
+            f.write(compiled.as_text())
     row["model_flops"] = model_flops(config)
     row["layers"] = config.num_decoder_layers
     row["rows_per_chip"] = config.per_device_batch_size

@@ -113,3 +113,18 @@ def test_the_calibrated_range_divides_each_models_estimate_by_each_runs_ratio(tm
     assert "2 measured runs" in text and "optimal_seconds x0.70-0.80" in text
     assert "per-op cycles x1.00-1.25" in text
     assert tpu_calibration.load(str(tmp_path / "none.json")) is None
+
+
+def test_the_shipped_calibration_record_holds_three_measured_runs():
+    calibration = tpu_calibration.load()
+    assert calibration is not None and len(calibration.runs) >= 3
+    for run in calibration.runs:
+        assert 0 < run.measured_mfu < 1
+        assert run.ratio("optimal_seconds") and run.ratio("per_op")
+
+
+def test_the_calibration_page_shows_its_records_table():
+    with open(tpu_calibration.RECORD) as f:
+        record = json.load(f)
+    with open(tpu_calibration.RECORD.removesuffix(".json") + ".md") as f:
+        assert tpu_calibration.table(record) in f.read()
