@@ -123,8 +123,11 @@ def render(entries: dict[str, dict], ids: str, opts: str, calibration) -> str:
         usd = float(options["usd"])
         cost = _span(f"${low * usd:,.0f}", f"${high * usd:,.0f}")
         text += f", {cost} at ${usd:.2f}/chip-hour"
-    if not all(entries[key].get("per_op_seconds") for key in ids.split("+")):
+    priced = [bool(entries[key].get("per_op_seconds")) for key in ids.split("+")]
+    if not any(priced):
         text += " (optimal_seconds only: the per-op sum not compiled)"
+    elif not all(priced):
+        text += " (partly optimal_seconds only: a phase's per-op sum not compiled)"
     if "goal_days" in options:  # a goal judged against the range's upper end
         goal = float(options["goal_days"])
         verdict = "within" if longest <= goal else "over"

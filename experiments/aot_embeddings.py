@@ -286,6 +286,7 @@ class ContrastiveReport:
             f"  {self.steps:,} steps = {aot_compile.duration(days)} "
             f"({days * 24 * self.num_chips:,.0f} chip-hours); {self.texts / seconds:,.0f} texts/s",
             _per_op_line(self),
+            _calibrated_line(self),
             "where the step goes, per device (loop bodies x their trips): ms of the estimate "
             "by each part's share of the ops' estimated cycles; a collective's ops carry none, "
             "so its ms is the compiler's price of it compiled alone (`price_collectives`)",
@@ -323,6 +324,24 @@ def _per_op_line(report: ContrastiveReport) -> str:
         f"their cost estimates): {per_op * 1e3:.1f} ms/step ({per_op / report.step_seconds:.2f}x"
         f") = MFU {mfu:.1%}, {aot_compile.duration(days)} "
         f"({days * 24 * report.num_chips:,.0f} chip-hours)"
+    )
+
+
+def _calibrated_line(report: ContrastiveReport) -> str:
+    """Both estimates over the measured runs' ratios (`experiments.tpu_calibration`)."""
+    from experiments import tpu_calibration
+
+    calibration = tpu_calibration.load()
+    estimates = {"optimal_seconds": report.step_seconds, "per_op": report.per_op_seconds}
+    found = calibration.step_range(estimates) if calibration else None
+    if found is None:
+        return "calibrated estimate: none (no calibration record)"
+    days = [seconds * report.steps / 86400 for seconds in found]
+    return (
+        f"CALIBRATED ESTIMATE (headline): {found[0] * 1e3:.1f}-{found[1] * 1e3:.1f} ms/step, "
+        f"{report.steps:,} steps = {aot_compile.duration_range(*days)} "
+        f"({days[0] * 24 * report.num_chips:,.0f}-{days[1] * 24 * report.num_chips:,.0f} "
+        f"chip-hours); calibrated by {calibration.describe()}"
     )
 
 

@@ -40,7 +40,7 @@ def test_a_figure_sums_its_phases_and_divides_by_the_calibration(tmp_path):
     text = tpu_figures.render(entries, "a+b", " usd=2.0", calibration)
     assert text == (
         "2.5-3.0 days, 3,840-4,608 chip-hours, $7,680-$9,216 at $2.00/chip-hour "
-        "(optimal_seconds only: the per-op sum not compiled)"  # b's
+        "(partly optimal_seconds only: a phase's per-op sum not compiled)"  # b's
     )
     assert tpu_figures.render(entries, "b", " goal_days=1.5", calibration) == (
         "24.0 h, 1,536 chip-hours (optimal_seconds only: the per-op sum not compiled); the upper "
