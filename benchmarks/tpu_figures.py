@@ -22,59 +22,18 @@ tests/test_tpu_figures.py runs the check: a page whose figure is not its record'
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import re
 import sys
 
+from experiments.tpu_records import RECORD, load, record_report  # noqa: F401 (this tool's names)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECORD = os.path.join(REPO, "benchmarks", "results", "tpu_figures.json")
 PAGES = ("README.md", "docs/tpu.md", "docs/tpu_estimates.md", "docs/tpu_modernbert.md")
 MARKER = re.compile(
     r"<!-- tpu-figure (?P<ids>\S+)(?P<opts>(?: \w+=\S+)*) -->(?P<text>.*?)<!-- /tpu-figure -->",
     re.S,
 )
-
-
-def load(path: str = RECORD) -> dict[str, dict]:
-    with open(path) as f:
-        return {entry["id"]: entry for entry in json.load(f)["figures"]}
-
-
-def _write(path: str, entries: dict[str, dict]) -> None:
-    with open(path, "w") as f:
-        json.dump({"figures": list(entries.values())}, f, indent=1)
-        f.write("\n")
-
-
-def record_report(path: str, report, name: str) -> None:
-    """Keeps an `experiments.aot_compile` report's figures in `path` as `name@topology`."""
-    entries = load(path) if os.path.exists(path) else {}
-    key = f"{name}@{report.topology}"
-    try:
-        load_average = os.getloadavg()[0]
-    except OSError:
-        load_average = None
-    entries[key] = {
-        "id": key,
-        "slice": report.topology,
-        "device_kind": report.device_kind,
-        "num_devices": report.num_devices,
-        "num_chips": report.num_chips,
-        "peak_flops_per_device": report.peak_flops_per_device,
-        "flops_per_step": report.flops_per_step,
-        "steps": report.steps,
-        "tokens_per_step": report.tokens_per_step,
-        "optimal_seconds": report.compiler_step_seconds,
-        "per_op_seconds": report.per_op_step_seconds,
-        "train_gib": round(report.train.total / 1024**3, 2),
-        "layout": report.layout,
-        "source": "experiments.aot_compile --record, "
-        + datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-        + (f", load {load_average:.1f}" if load_average is not None else ""),
-    }
-    _write(path, entries)
 
 
 def _plan(entry: dict):

@@ -302,7 +302,8 @@ def run(
 ) -> int:
     """Checks `config`, prints the report; returns the exit status (0 fits, 1 does not,
     2 no slice to check for). With `record` (a JSON file), the report's figures are kept
-    there under the config's name (`benchmarks.tpu_figures`: the docs' figures come from it)."""
+    there under the config's name (`experiments.tpu_records`; `benchmarks.tpu_figures`
+    renders the docs' figures from it)."""
     topology = topology or config.get("topology")
     if not topology:
         print("the config has no `topology` key: pass --topology (e.g. --topology=v3:8x8)")
@@ -317,9 +318,9 @@ def run(
         return 1
     print(report.format(mfu, usd_per_chip_hour, padding))
     if record:
-        from benchmarks import tpu_figures
+        from experiments import tpu_records
 
-        tpu_figures.record_report(record, report, config_name())
+        tpu_records.record_report(record, report, config_name())
         print(f"recorded in {record}")
     if not report.fits:
         needed = max(report.train.total, report.eval_peak)
