@@ -92,6 +92,11 @@ def _check_landed(manager: _Manager, step: int, expected: dict) -> None:
     """Reads back the metadata of the save of `step`; one that does not read is set aside
     (`<step>.unreadable`), forgotten by `manager`, and raises `CheckpointError` naming it."""
     step_dir = manager.directory / str(step)
+    if not manager.directory.is_dir():
+        # The directory went away after the save landed (unmounted, replaced by a file):
+        # there is nothing to read back or set aside here; the next save names the
+        # directory in its own error, as before this check.
+        return
     try:
         check_readable(step_dir, expected)
     except Exception as error:  # noqa: BLE001 - any failure to read it back
