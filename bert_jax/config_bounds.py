@@ -220,8 +220,9 @@ FINETUNE: dict[str, Bound] = {
     "data_dir": Text("the task's files ('': the cached copy)"),
     "data_source": Enum("where the data comes from", ("tsv", "tfds", "json")),
     "skip_malformed": Flag("skip unparsable rows"),
-    "pooling": Enum("what the classifier (cls, mean) or the embedding reads",
-                    ("cls", "mean", "last")),
+    "pooling": Enum(
+        "what the classifier (cls, mean) or the embedding reads", ("cls", "mean", "last")
+    ),
     "labels": Text("your classes in id order, comma-separated ('': the training file's)"),
     "label_type": Enum("your labels: classes, or numbers to regress on", LABEL_TYPES),
     "chunk_size": Int("pairs embedded at a time (GradCache)", 0, zero="the whole batch"),

@@ -313,7 +313,8 @@ def main(argv: list[str]) -> None:
             f.input_file,
             f.output_file,
             vocab_size=f.vocab_size,
-            do_lower_case=default_lower_case(f.model_type) if f.do_lower_case is None
+            do_lower_case=default_lower_case(f.model_type)
+            if f.do_lower_case is None
             else f.do_lower_case,
             num_unused=f.num_unused,
             model_type=f.model_type,

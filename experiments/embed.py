@@ -78,16 +78,29 @@ def _define_flags():
     flags.DEFINE_string("model", None, "Model directory or checkpoint (see the module doc).")
     flags.DEFINE_string("input_file", None, "UTF-8 text, one text a line.")
     flags.DEFINE_string("output_file", None, ".npy file to write: (lines, hidden size) float32.")
-    flags.DEFINE_enum("pooling", None, ["mean", "cls", "last"],
-                      "Pooling over the encoder's output; default: the directory's, else mean.")
-    flags.DEFINE_bool("normalize", None,
-                      "L2-normalise each embedding; default: the directory's, else no.")
-    flags.DEFINE_integer("max_seq_length", None, "Tokens per text, special tokens included; "
-                         "default: the directory's, else the model's positions (<= 512).")
+    flags.DEFINE_enum(
+        "pooling",
+        None,
+        ["mean", "cls", "last"],
+        "Pooling over the encoder's output; default: the directory's, else mean.",
+    )
+    flags.DEFINE_bool(
+        "normalize", None, "L2-normalise each embedding; default: the directory's, else no."
+    )
+    flags.DEFINE_integer(
+        "max_seq_length",
+        None,
+        "Tokens per text, special tokens included; "
+        "default: the directory's, else the model's positions (<= 512).",
+    )
     flags.DEFINE_integer("batch_size", 64, "Texts per forward pass.")
     flags.DEFINE_string("vocab_file", None, "Tokenizer file; default: the one beside --model.")
-    flags.DEFINE_bool("do_lower_case", None, "Lower-case first (vocab.txt, .model); default: "
-                      "tokenizer_config.json's beside the vocabulary, else yes.")
+    flags.DEFINE_bool(
+        "do_lower_case",
+        None,
+        "Lower-case first (vocab.txt, .model); default: "
+        "tokenizer_config.json's beside the vocabulary, else yes.",
+    )
     flags.mark_flags_as_required(["model", "input_file", "output_file"])
 
 

@@ -225,7 +225,10 @@ def test_cli_converts_a_google_checkpoint_to_hf(tiny_hf, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert sorted(os.listdir(tmp_path / "out")) == [
-        "config.json", "model.safetensors", "special_tokens_map.json", "tokenizer_config.json",
+        "config.json",
+        "model.safetensors",
+        "special_tokens_map.json",
+        "tokenizer_config.json",
         "vocab.txt",
     ]  # the export names its tokenizer (special tokens, casing, length)
     model, info = transformers.BertForPreTraining.from_pretrained(

@@ -126,9 +126,7 @@ def test_finetune_second_signal_during_the_final_save_undoes_it(tmp_path, caplog
     assert "during the final save, which was undone" in caplog.text
 
 
-def test_save_finetuned_writes_one_temporary_and_a_rerun_removes_nested_ones(
-    tmp_path, monkeypatch
-):
+def test_save_finetuned_writes_one_temporary_and_a_rerun_removes_nested_ones(tmp_path, monkeypatch):
     from bert_jax.config import BertConfig
     from bert_jax.convert import readers
 

@@ -23,9 +23,7 @@ def data_dir(tmp_path_factory):
     return directory
 
 
-def test_a_run_shorter_than_eval_every_is_evaluated_after_its_last_step(
-    tmp_path, data_dir, caplog
-):
+def test_a_run_shorter_than_eval_every_is_evaluated_after_its_last_step(tmp_path, data_dir, caplog):
     config = synth.tiny_config(str(data_dir))
     config.model.num_hidden_layers = 1  # what is checked does not depend on the depth
     config.data.eval_files = str(data_dir / "eval-*")
