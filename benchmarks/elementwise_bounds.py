@@ -13,7 +13,7 @@ bounds what any faster form of it can buy. The variants are not models anyone sh
   none           all three out
 
   python -m benchmarks.elementwise_bounds --config=experiments/configs/bert_large_paper.py:phase1
-(docs/tpu_estimates.md, "Dropout masks and fused attention", has the figures.)
+(docs/tpu_elementwise.md, "Dropout masks and fused attention", has the figures.)
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ Examples:
       --config=experiments/configs/modernbert_base_tpu.py:phase1
   python -m benchmarks.hbm_breakdown --config=experiments/configs/modernbert_base_tpu.py:phase1 \
       --save_hlo=/tmp/phase1.hlo        # keep the program text; --hlo=/tmp/phase1.hlo re-reads it
-(docs/tpu_modernbert_recipe.md has the einsum-era tables, docs/tpu_modernbert.md the splash ones.)
+(docs/tpu_modernbert_recipe.md has the einsum-era tables, docs/tpu_modernbert.md and
+docs/tpu_modernbert_changes.md the splash ones.)
 """
 
 from __future__ import annotations
