@@ -10,6 +10,7 @@ were measured with. Recompiling against it:
   python -m benchmarks.tpu_drift                             # every config in the record
   python -m benchmarks.tpu_drift --configs=bert_base_paper.py:phase2,bert_large_paper.py:phase2
   python -m benchmarks.tpu_drift --configs=... --update      # measured figures into the record
+  python -m benchmarks.tpu_drift --configs=... --update --figures   # and the docs' ranges' record
 
 compiles each config named (libtpu needed, no TPU: the slice is described by
 `jax.experimental.topologies`), prints its figures beside the record's and names every one
@@ -22,6 +23,12 @@ to 15, LAMB's 2,048 cores longer (run `--configs` a few at a time).
 issue 77 item 5 is why: commit 517d6a8 (2026-11-26) moved BERT-Base phase 2 from 76.0 to
 78.8 ms and BERT-Large phase 2 from 67.2 to 69.0 ms by the compiler without any page saying
 so (`bert_jax.layers.product_dtype` read the compiling host's backend).
+
+The same compile also gives the compiler's second estimate, its per-op `estimated_cycles`
+summed (`experiments.aot_compile.per_op_seconds`); with `--figures` both estimates go into
+the record the docs' calibrated ranges are rendered from (benchmarks/results/tpu_figures.json,
+the entry `<config>@<slice>`; `python -m benchmarks.tpu_figures --write` then rewrites the
+pages), replacing a figure that entry carried from the docs' tables.
 """
 
 from __future__ import annotations
@@ -191,7 +198,33 @@ def measure(name: str) -> dict:
         "mfu_percent": round(100 * mfu, 1),
         "hbm_gb": round(traffic / 1e9, 1) if traffic else None,
         "train_gib": round(train_bytes / 1024**3, 2),
+        # both estimates unrounded, for the calibrated ranges' record (--figures)
+        "optimal_seconds": seconds,
+        "per_op_seconds": aot_compile.per_op_seconds(compiled, devices[0].device_kind),
     }
+
+
+def update_figures(name: str, slice_: str, measured: dict, path: str | None = None) -> bool:
+    """Writes `measured`'s two estimates into the docs' ranges' record entry `name@slice_`
+    (experiments.tpu_records); False when the record has no such entry."""
+    from experiments import tpu_records
+
+    path = path or tpu_records.RECORD
+    entries = tpu_records.load(path)
+    key = f"{name}@{slice_}"
+    if key not in entries:
+        return False
+    load_average = os.getloadavg()[0]
+    entries[key].update(
+        optimal_seconds=measured["optimal_seconds"],
+        per_op_seconds=measured["per_op_seconds"],
+        train_gib=measured["train_gib"],
+        source=f"python -m benchmarks.tpu_drift --figures, "
+        f"{datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}, "
+        f"load {load_average:.1f}",
+    )
+    tpu_records.write(path, entries)
+    return True
 
 
 def versions() -> dict:
@@ -225,11 +258,20 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--record", default=RECORD)
     parser.add_argument(
+        "--figures",
+        action="store_true",
+        help="with --update: also write both estimates (optimal_seconds and the per-op sum) "
+        "into benchmarks/results/tpu_figures.json, which the docs' calibrated ranges are "
+        "rendered from (then: python -m benchmarks.tpu_figures --write)",
+    )
+    parser.add_argument(
         "--docs_only",
         action="store_true",
         help="compile nothing: check that docs/tpu_estimates.md states the record's figures",
     )
     args = parser.parse_args(argv)
+    if args.figures and not args.update:
+        parser.error("--figures writes what --update measures: give both")
     record = load(args.record)
     if args.docs_only:
         lines = docs_drift(record)
@@ -246,19 +288,22 @@ def main(argv=None) -> int:
         measured = measure(name)
         lines = moved(entries[name], measured, args.tolerance)
         figures = ", ".join(f"{k} {measured[k]} (record {entries[name].get(k)})" for k in FIGURES)
-        print(f"  {figures}")
+        per_op = measured["per_op_seconds"]
+        print(f"  {figures}, per-op sum {per_op * 1e3:.1f} ms" if per_op else f"  {figures}")
         for line in lines:
             print(f"  MOVED {line}")
         drifted += bool(lines)
         if args.update:
             load_average = os.getloadavg()[0]
-            entries[name].update(measured)
+            entries[name].update({k: measured[k] for k in FIGURES})
             entries[name].update(versions())
             entries[name]["measured"] = (
                 f"{datetime.date.today().isoformat()}, python -m benchmarks.tpu_drift, "
                 f"load {load_average:.1f}"
             )
             save(record, args.record)
+            if args.figures and not update_figures(name, entries[name]["slice"], measured):
+                print(f"  (no {name}@{entries[name]['slice']} in the figures' record)")
     print(f"{drifted} of {len(names)} configs moved by more than {100 * args.tolerance:g}%")
     return 1 if drifted and not args.update else 0
 

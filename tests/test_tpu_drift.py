@@ -7,6 +7,8 @@ import glob
 import os
 import re
 
+import pytest
+
 from benchmarks import tpu_drift
 
 
@@ -71,3 +73,27 @@ def test_help_names_the_record_and_the_tolerance(capsys):
         assert e.code == 0
     out = capsys.readouterr().out
     assert "tpu_estimates.json" in out and "--tolerance" in out and "--configs" in out
+
+
+def test_figures_takes_both_estimates_into_the_ranges_record(tmp_path):
+    from experiments import tpu_records
+
+    path = tmp_path / "tpu_figures.json"
+    entries = tpu_records.load()
+    key = "bert_large_paper.py:phase2@v3:8x8"
+    assert entries[key]["per_op_seconds"] is None  # carried from the docs' table until now
+    tpu_records.write(str(path), {key: dict(entries[key])})
+    measured = {"optimal_seconds": 0.0673, "per_op_seconds": 0.0911, "train_gib": 5.02}
+    assert tpu_drift.update_figures("bert_large_paper.py:phase2", "v3:8x8", measured, str(path))
+    entry = tpu_records.load(str(path))[key]
+    assert (entry["optimal_seconds"], entry["per_op_seconds"]) == (0.0673, 0.0911)
+    assert entry["source"].startswith("python -m benchmarks.tpu_drift --figures")
+    assert entry["flops_per_step"] == entries[key]["flops_per_step"]  # the rest is kept
+    assert not tpu_drift.update_figures("bert_large_paper.py:phase2", "v3:4x4", measured, str(path))
+
+
+def test_figures_without_update_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        tpu_drift.main(["--figures"])
+    assert exit_info.value.code == 2
+    assert "--figures writes what --update measures" in capsys.readouterr().err
