@@ -45,6 +45,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from typing import Any
@@ -113,7 +114,10 @@ def describe(options: Options, beam_args: list[str], tfds_parts: int) -> dict[st
     pipeline_options = PipelineOptions(beam_args).get_all_options(drop_default=True)
     # The graph is built on a runner that needs nothing installed; it is never run.
     pipeline = beam.Pipeline(runner="DirectRunner", options=PipelineOptions([]))
-    beam_pipeline.build(pipeline, options, None, plan)
+    try:
+        beam_pipeline.build(pipeline, options, None, plan)
+    finally:  # a pipeline makes a temporary directory when built and removes it only when run
+        shutil.rmtree(pipeline.local_tempdir, ignore_errors=True)
     return {
         "runner": pipeline_options.get("runner") or "DirectRunner",
         "pipeline_options": pipeline_options,

@@ -170,10 +170,10 @@ def test_bad_input_fails_with_the_tool_s_one_line_messages(corpus, tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.startswith(("out", ".out"))]
 
 
-def _make(*args) -> str:
+def _make(*args, env=None) -> str:
     run = subprocess.run(
         ["make", "-s", "--no-print-directory", "BUCKET=gs://bkt", "PROJECT=p", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout
@@ -195,9 +195,11 @@ def test_make_tpu_data_switches_runner():
 
 
 @pytest.mark.extended
-def test_make_tpu_data_on_dataflow_prints_the_jobs():
-    # The dry runs themselves: no account, no file read.
-    text = _make("tpu-data", "RUNNER=dataflow")
+def test_make_tpu_data_on_dataflow_prints_the_jobs(tmp_path):
+    # The dry runs themselves: no account, no file read, and no file left (a pipeline built
+    # and never run keeps its temporary directory unless it is removed).
+    text = _make("tpu-data", "RUNNER=dataflow", env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("beam-pipeline-temp")]
     jobs, decoder, at = [], json.JSONDecoder(), text.find("{")
     while at != -1:
         job, end = decoder.raw_decode(text, at)
