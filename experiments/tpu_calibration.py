@@ -6,8 +6,12 @@ The compiler prices a step twice (`optimal_seconds`, and the sum of its per-op
 slice and config measured on), each compiled here and priced by both models; a run's
 ratio for a model is measured MFU / estimated MFU (= estimated / measured step time). A
 step of estimated time s by a model then takes s / ratio on a TPU, by that run; over every
-run and both models, the calibrated range is [smallest, largest] of those times
-(`Calibration.step_range`). benchmarks/results/tpu_calibration.md is the table.
+run, each model's estimate gives a span [s / largest ratio, s / smallest ratio]. The
+calibrated range is where the two models' spans overlap (a time each model allows within
+the error it showed on every run: each run's own measured time lies in it), and both spans
+together where they do not overlap (`Calibration.step_range`). How far that is to be trusted
+beyond the runs themselves: `leave_one_out`, each run predicted by the others.
+benchmarks/results/tpu_calibration.md is the table.
 """
 
 from __future__ import annotations
@@ -46,16 +50,26 @@ class Calibration:
     def ratios(self, model: str) -> list[float]:
         return [r for r in (run.ratio(model) for run in self.runs) if r is not None]
 
+    def spans(self, estimates: dict[str, float | None]) -> dict[str, tuple[float, float]]:
+        """Per model with an estimate and runs: (shortest, longest) step time, its estimate
+        over each run's ratio."""
+        found = {}
+        for model, seconds in estimates.items():
+            ratios = self.ratios(model)
+            if seconds and ratios:
+                found[model] = (seconds / max(ratios), seconds / min(ratios))
+        return found
+
     def step_range(self, estimates: dict[str, float | None]) -> tuple[float, float] | None:
-        """(shortest, longest) measured step time the estimates imply: each model's estimate
-        over each run's ratio for that model; None when no model has both."""
-        times = [
-            seconds / ratio
-            for model, seconds in estimates.items()
-            if seconds
-            for ratio in self.ratios(model)
-        ]
-        return (min(times), max(times)) if times else None
+        """(shortest, longest) measured step time the estimates imply: where the models'
+        spans overlap, else both spans together; None when no model has an estimate and runs."""
+        spans = list(self.spans(estimates).values())
+        if not spans:
+            return None
+        low, high = max(s[0] for s in spans), min(s[1] for s in spans)
+        if low <= high:
+            return low, high
+        return min(s[0] for s in spans), max(s[1] for s in spans)
 
     def describe(self) -> str:
         """The source, as a report names it: runs and each model's ratios."""
@@ -65,8 +79,33 @@ class Calibration:
             if ratios:
                 spans.append(f"{MODEL_NAMES[model]} x{min(ratios):.2f}-{max(ratios):.2f}")
         return (
-            f"{len(self.runs)} measured runs, measured/estimated {', '.join(spans)}; {self.source}"
+            f"{len(self.runs)} measured runs, measured/estimated {', '.join(spans)} (the range: "
+            f"where both models' spans overlap); {self.source}"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimated:
+    """A calibration run as a step to predict: its two estimates and its measured time (all
+    relative to the measured time, which is 1)."""
+
+    run: Run
+
+    @property
+    def estimates(self) -> dict[str, float]:
+        return {m: self.run.ratio(m) for m in MODELS if self.run.ratio(m)}
+
+
+def leave_one_out(calibration: Calibration) -> list[tuple[str, tuple[float, float] | None]]:
+    """Each run's step predicted by the calibration of the other runs: (name, range as a
+    multiple of the run's measured step time; 1 inside it: the others' calibration covers
+    it). How well the range carries to a step the runs do not include."""
+    found = []
+    for index, run in enumerate(calibration.runs):
+        others = Calibration(calibration.runs[:index] + calibration.runs[index + 1 :])
+        # A model's estimate of the run's step, in units of its measured step time, is its ratio.
+        found.append((run.name, others.step_range(Estimated(run).estimates)))
+    return found
 
 
 def table(record: dict) -> str:
@@ -92,6 +131,20 @@ def table(record: dict) -> str:
             f"\n{MODEL_NAMES[model]}: measured / estimated {min(ratios):.2f}-{max(ratios):.2f} "
             f"(spread {max(ratios) / min(ratios):.2f}x) over {len(ratios)} runs"
         )
+    lines += [
+        "\nEach run predicted by the calibration of the others (the range as a multiple of its "
+        "measured step time):\n",
+        "| run | others' range | covers it |",
+        "| --- | --- | --- |",
+    ]
+    for name, found in leave_one_out(calibration):
+        low, high = found
+        verdict = (
+            "yes" if low <= 1 <= high
+            else f"no: the run took {1 / high - 1:.0%} longer than the upper end" if high < 1
+            else f"no: the run took {1 - 1 / low:.0%} less than the lower end"
+        )  # fmt: skip
+        lines.append(f"| {name} | {low:.2f}-{high:.2f}x | {verdict} |")
     return "\n".join(lines)
 
 

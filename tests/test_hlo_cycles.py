@@ -102,17 +102,35 @@ def test_the_calibrated_range_divides_each_models_estimate_by_each_runs_ratio(tm
     assert [run.name for run in calibration.runs] == ["a", "b"]
     assert calibration.ratios("optimal_seconds") == pytest.approx([0.8, 0.7])
     assert calibration.ratios("per_op") == pytest.approx([1.25, 1.0])
-    # optimal 1.0 s: 1.25 s and 1.43 s; per-op 1.5 s: 1.2 s and 1.5 s.
+    # optimal 1.0 s: 1.25 s and 1.43 s; per-op 1.5 s: 1.2 s and 1.5 s: they overlap in 1.25-1.43.
     low, high = calibration.step_range({"optimal_seconds": 1.0, "per_op": 1.5})
-    assert (low, high) == (pytest.approx(1.2), pytest.approx(1.5))
+    assert (low, high) == (pytest.approx(1.25), pytest.approx(1 / 0.7))
+    # per-op 3.0 s: 2.4-3.0 s, no overlap with 1.25-1.43 s: both spans together.
+    low, high = calibration.step_range({"optimal_seconds": 1.0, "per_op": 3.0})
+    assert (low, high) == (pytest.approx(1.25), pytest.approx(3.0))
     # One model only (no clock for the per-op sum): that model's runs alone.
     low, high = calibration.step_range({"optimal_seconds": 1.0, "per_op": None})
     assert (low, high) == (pytest.approx(1.25), pytest.approx(1 / 0.7))
     assert calibration.step_range({"optimal_seconds": None}) is None
     text = calibration.describe()
     assert "2 measured runs" in text and "optimal_seconds x0.70-0.80" in text
+    assert "overlap" in text
     assert "per-op cycles x1.00-1.25" in text
     assert tpu_calibration.load(str(tmp_path / "none.json")) is None
+
+
+def test_each_runs_own_time_is_in_its_range_and_leave_one_out_predicts_it_by_the_others(
+    tmp_path,
+):
+    calibration = _calibration(tmp_path)
+    for run in calibration.runs:  # in-sample: the measured time (1) lies in its own range
+        low, high = calibration.step_range(tpu_calibration.Estimated(run).estimates)
+        assert low <= 1 + 1e-12 and high >= 1 - 1e-12
+    # a (ratios 0.8, 1.25) by b's (0.7, 1.0) alone: optimal 0.8 / 0.7, per-op 1.25 / 1.0, no
+    # overlap: both; b by a's: 0.7 / 0.8 and 1.0 / 1.25. Neither covers the other's time (1).
+    (name_a, range_a), (name_b, range_b) = tpu_calibration.leave_one_out(calibration)
+    assert name_a == "a" and range_a == (pytest.approx(0.8 / 0.7), pytest.approx(1.25))
+    assert name_b == "b" and range_b == (pytest.approx(0.8), pytest.approx(0.875))
 
 
 def test_the_shipped_calibration_record_holds_three_measured_runs():
