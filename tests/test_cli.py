@@ -132,8 +132,9 @@ CONFIG = ["--config=experiments/configs/bert_tiny_cpu.py", "--workdir=unused"]
             "--config.data.zzz=1",
             "--config.data.zzz: the config has no key 'data.zzz'; valid keys in 'data': "
             "allow_eval_in_train, allow_vocab_change, do_lower_case, dynamic_masking, eval_files, "
-            "masked_lm_prob, max_instances_per_row, max_predictions_per_seq, max_seq_length, num_streams, "
-            "on_change, pack, shuffle_buffer, train_files, vocab_file, whole_word_mask",
+            "masked_lm_prob, max_instances_per_row, max_predictions_per_seq, max_seq_length, "
+            "num_streams, on_change, pack, shuffle_buffer, train_files, vocab_file, "
+            "whole_word_mask",
         ),
     ],
 )

@@ -570,8 +570,8 @@ def test_convert_of_a_workdir_without_its_own_vocabulary_exits_naming_the_flag(
     out = tmp_path / "hf"
     refused = convert(f"--output={out}")
     assert refused.returncode == 1 and not out.exists()
-    assert "no vocabulary that is the model's; give the one it was trained with as --vocab_file" in (
-        refused.stderr)  # fmt: skip
+    message = "no vocabulary that is the model's; give the one it was trained with as --vocab_file"
+    assert message in refused.stderr
     done = convert(f"--output={out}", f"--vocab_file={vocab}.orig", "--allow_non_finite")
     assert done.returncode != 0  # a vocab file that is not there: named, nothing written
     shutil.copyfile(vocab, f"{vocab}.orig")

@@ -73,7 +73,8 @@ def test_dynamic_masking_writes_one_copy_unless_told_and_static_keeps_ten(tmp_pa
         out = tmp_path / f"{name}.tfrecord"
         subprocess.run(
             [sys.executable, "-m", "data_pipelines.create_pretraining_data",
-             f"--input_file={corpus}", f"--output_file={out}", f"--vocab_file={synth.minilm_vocab()}",
+             f"--input_file={corpus}", f"--output_file={out}",
+             f"--vocab_file={synth.minilm_vocab()}",
              "--masking=dynamic", "--max_seq_length=16", *extra],
             check=True, capture_output=True,
         )  # fmt: skip

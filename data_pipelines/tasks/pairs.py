@@ -59,8 +59,10 @@ def read_pairs(path: str | os.PathLike) -> Pairs:
             if width is None:
                 width = len(columns)
             elif len(columns) != width:
-                raise TaskDataError(f"{where}: {len(columns)} columns where the first line has "
-                                    f"{width} (the same number of negatives on every line)")  # fmt: skip
+                raise TaskDataError(
+                    f"{where}: {len(columns)} columns where the first line has {width} (the "
+                    "same number of negatives on every line)"
+                )
             queries.append(columns[0])
             positives.append(columns[1])
             negatives.append(tuple(columns[2:]))

@@ -1,9 +1,9 @@
 """Every sentence(-pair) classification task by name, with its splits, labels and metrics.
 
-Names: `files` (your own TSV, CSV or JSONL files, `tasks.own_files`), `polarity` (English Rotten-Tomatoes sentences, `tasks.polarity`),
-`chinese_sentiment` (`tasks.chinese_sentiment`), `imdb` (long movie reviews,
-`tasks.imdb_reviews`), `vitaminc` (claim/evidence pairs in 3 classes, from BIG-bench,
-`tasks.bigbench`), and `glue/<task>` for the nine GLUE tasks
+Names: `files` (your own TSV, CSV or JSONL files, `tasks.own_files`), `polarity` (English
+Rotten-Tomatoes sentences, `tasks.polarity`), `chinese_sentiment` (`tasks.chinese_sentiment`),
+`imdb` (long movie reviews, `tasks.imdb_reviews`), `vitaminc` (claim/evidence pairs in 3
+classes, from BIG-bench, `tasks.bigbench`), and `glue/<task>` for the nine GLUE tasks
 (`cola sst2 mrpc stsb qqp mnli qnli rte wnli`) read from the official TSVs in `data_dir`,
 or from TFDS with `source="tfds"`.
 """
