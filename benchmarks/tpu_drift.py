@@ -214,14 +214,11 @@ def update_figures(name: str, slice_: str, measured: dict, path: str | None = No
     key = f"{name}@{slice_}"
     if key not in entries:
         return False
-    load_average = os.getloadavg()[0]
     entries[key].update(
         optimal_seconds=measured["optimal_seconds"],
         per_op_seconds=measured["per_op_seconds"],
         train_gib=measured["train_gib"],
-        source=f"python -m benchmarks.tpu_drift --figures, "
-        f"{datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}, "
-        f"load {load_average:.1f}",
+        source=tpu_records.stamp("python -m benchmarks.tpu_drift --figures"),
     )
     tpu_records.write(path, entries)
     return True

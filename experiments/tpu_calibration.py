@@ -41,6 +41,11 @@ class Run:
         estimate = self.estimated_mfu.get(model)
         return self.measured_mfu / estimate if estimate else None
 
+    def relative_estimates(self) -> dict[str, float]:
+        """Each model's estimate of this run's step in units of its measured step time: its
+        ratio (the run as a step to predict, `leave_one_out`)."""
+        return {m: self.ratio(m) for m in MODELS if self.ratio(m)}
+
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
@@ -84,18 +89,6 @@ class Calibration:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class Estimated:
-    """A calibration run as a step to predict: its two estimates and its measured time (all
-    relative to the measured time, which is 1)."""
-
-    run: Run
-
-    @property
-    def estimates(self) -> dict[str, float]:
-        return {m: self.run.ratio(m) for m in MODELS if self.run.ratio(m)}
-
-
 def leave_one_out(calibration: Calibration) -> list[tuple[str, tuple[float, float] | None]]:
     """Each run's step predicted by the calibration of the other runs: (name, range as a
     multiple of the run's measured step time; 1 inside it: the others' calibration covers
@@ -103,8 +96,7 @@ def leave_one_out(calibration: Calibration) -> list[tuple[str, tuple[float, floa
     found = []
     for index, run in enumerate(calibration.runs):
         others = Calibration(calibration.runs[:index] + calibration.runs[index + 1 :])
-        # A model's estimate of the run's step, in units of its measured step time, is its ratio.
-        found.append((run.name, others.step_range(Estimated(run).estimates)))
+        found.append((run.name, others.step_range(run.relative_estimates())))
     return found
 
 

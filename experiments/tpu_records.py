@@ -23,14 +23,20 @@ def write(path: str, entries: dict[str, dict]) -> None:
         f.write("\n")
 
 
+def stamp(tool: str) -> str:
+    """An entry's `source`: the tool that wrote it, when (UTC) and at what load."""
+    try:
+        load_average = f", load {os.getloadavg()[0]:.1f}"
+    except OSError:
+        load_average = ""
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{tool}, {when}{load_average}"
+
+
 def record_report(path: str, report, name: str) -> None:
     """Keeps an `experiments.aot_compile` report's figures in `path` as `name@topology`."""
     entries = load(path) if os.path.exists(path) else {}
     key = f"{name}@{report.topology}"
-    try:
-        load_average = os.getloadavg()[0]
-    except OSError:
-        load_average = None
     entries[key] = {
         "id": key,
         "slice": report.topology,
@@ -45,8 +51,6 @@ def record_report(path: str, report, name: str) -> None:
         "per_op_seconds": report.per_op_step_seconds,
         "train_gib": round(report.train.total / 1024**3, 2),
         "layout": report.layout,
-        "source": "experiments.aot_compile --record, "
-        + datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-        + (f", load {load_average:.1f}" if load_average is not None else ""),
+        "source": stamp("experiments.aot_compile --record"),
     }
     write(path, entries)

@@ -124,7 +124,7 @@ def test_each_runs_own_time_is_in_its_range_and_leave_one_out_predicts_it_by_the
 ):
     calibration = _calibration(tmp_path)
     for run in calibration.runs:  # in-sample: the measured time (1) lies in its own range
-        low, high = calibration.step_range(tpu_calibration.Estimated(run).estimates)
+        low, high = calibration.step_range(run.relative_estimates())
         assert low <= 1 + 1e-12 and high >= 1 - 1e-12
     # a (ratios 0.8, 1.25) by b's (0.7, 1.0) alone: optimal 0.8 / 0.7, per-op 1.25 / 1.0, no
     # overlap: both; b by a's: 0.7 / 0.8 and 1.0 / 1.25. Neither covers the other's time (1).
