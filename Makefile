@@ -5,6 +5,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WORKDIR ?= workdirs
 export TF_CPP_MIN_LOG_LEVEL ?= 2
+# make splits a value at blanks wherever a recipe uses it (`make clean WORKDIR='runs/a b'`
+# would remove runs/a and b): a WORKDIR that is not one word is refused before any recipe.
+ifneq ($(words $(WORKDIR)),1)
+$(error WORKDIR='$(WORKDIR)' must be one path without a space or tab (make splits it into $(words $(WORKDIR)) words); e.g. WORKDIR=$(or $(subst $() ,_,$(strip $(WORKDIR))),workdirs))
+endif
 
 CORPUS := $(WORKDIR)/shakespeare
 
@@ -28,6 +33,13 @@ $(STAMP): setup.cfg pyproject.toml
 	# optimizers eagerly: 2 s of each process start (the test suite starts many). Nothing here
 	# uses Keras (tf.data, tf.io, tf.summary and TFDS do not need it).
 	$(PY) -m pip uninstall --quiet --yes keras
+	# transformers loads its TensorFlow classes whenever it finds TensorFlow, and they need
+	# Keras 2 (tf-keras): `import sentence_transformers` failed here. transformers is our
+	# PyTorch reference only, so this .venv runs it without TensorFlow (USE_TF=0 unless set).
+	# tf-keras instead: +2.4 s and +540 MiB on each `import sentence_transformers` (farm-bench,
+	# 2026-12-03); Keras 3 is refused by transformers 4.57.
+	echo 'import os; os.environ.setdefault("USE_TF", "0")' \
+		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/bert_jax_use_tf.pth"
 	touch $@
 
 install: $(STAMP)  ## create .venv with every pinned dependency

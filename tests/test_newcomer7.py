@@ -1,0 +1,67 @@
+"""Issue 83 (Newcomer 7): the project's .venv runs sentence-transformers as a user would, with
+no environment variable set; the test extra holds sentence-transformers' own trainer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from bert_jax import convert, embeddings
+from bert_jax.config import BertConfig
+from bert_jax.convert import sentence_transformers as st_files
+
+WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "hello", "world"]
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def tiny_export(directory) -> str:
+    """A randomly initialised 1-layer BERT written as a sentence-transformers directory."""
+    vocab = directory / "vocab.txt"
+    vocab.write_text("\n".join(SPECIALS + WORDS) + "\n")
+    config = BertConfig(vocab_size=len(SPECIALS) + len(WORDS), hidden_size=16,
+                        num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                        max_position_embeddings=16)  # fmt: skip
+    module = embeddings.BertForEmbedding(config, "mean")
+    ids = jnp.zeros((1, 4), jnp.int32)
+    params = nn.unbox(module.init(jax.random.key(0), ids, ids, ids)["params"])
+    out = directory / "st"
+    convert.save_hf(out, config, params["bert"], vocab_file=str(vocab),
+                    extra_json=st_files.module_files("mean", True, 16, 16))  # fmt: skip
+    return str(out.resolve())
+
+
+# What a user's script does: load the export, embed, train a step with sentence-transformers'
+# own trainer (it needs `accelerate` and `datasets`, issue 83 item 5).
+TRAIN = """
+from datasets import Dataset
+from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, losses
+from sentence_transformers import SentenceTransformerTrainingArguments
+from transformers import pipeline
+
+model = SentenceTransformer({export!r}, device="cpu")
+print(model.encode(["the cat sat", "hello world"]).shape)
+pairs = Dataset.from_dict({{"anchor": ["the cat", "a dog"], "positive": ["sat on", "ran"]}})
+args = SentenceTransformerTrainingArguments({out!r}, max_steps=1, per_device_train_batch_size=2,
+                                            report_to=[], save_strategy="no", use_cpu=True)
+loss = losses.MultipleNegativesRankingLoss(model)
+SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs, loss=loss).train()
+print("trained")
+"""
+
+
+def test_the_venv_runs_sentence_transformers_and_its_trainer_without_use_tf(tmp_path):
+    """transformers finds TensorFlow here and, unless told, loads its TF classes, which need a
+    Keras this .venv does not install: `import sentence_transformers` failed."""
+    export = tiny_export(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("USE_TF", "USE_TORCH")}
+    env["HF_HUB_OFFLINE"] = "1"
+    script = TRAIN.format(export=export, out=str(tmp_path / "trained"))
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(2, 16)" in done.stdout and "trained" in done.stdout, done.stdout
