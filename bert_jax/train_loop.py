@@ -46,6 +46,9 @@ def _load_init_params(path: str, model: BertForPreTraining, abstract_params, rng
     vocabulary fingerprint (saved with it) must be the run's `data.vocab_file`'s unless
     `data.allow_vocab_change`.
     """
+    from bert_jax.convert import locations
+
+    path = locations.resolve(path)  # any model location, read as every tool reads it
     if checkpointing.is_checkpoint_dir(path):
         if config is not None:
             _check_init_vocab(path, config)

@@ -87,26 +87,56 @@ def _define_flags():
     return flags.FLAGS
 
 
-def _sentence_transformers_files(config) -> dict:
-    """The module files of --format=sentence-transformers: flags, else the input's own."""
-    from absl import flags
-
+def _sentence_transformers_files(config, location: str, flags: dict) -> dict:
+    """The module files of --format=sentence-transformers: `flags` (pooling, normalize,
+    max_seq_length; None: unset), else those of the input at `location`."""
     from bert_jax import embeddings
     from bert_jax.convert import sentence_transformers
+    from bert_jax.convert.names import ConversionError
 
-    FLAGS = flags.FLAGS
-    found, where = embeddings.directory_settings(FLAGS.input) or ({}, "default")
-    pooling = embeddings.check_pooling(FLAGS.pooling or found.get("pooling") or "mean")
-    normalize = FLAGS.normalize if FLAGS.normalize is not None else bool(found.get("normalize"))
-    length = FLAGS.max_seq_length or found.get("max_seq_length")
+    found, where = embeddings.directory_settings(location) or ({}, "default")
+    pooling = embeddings.check_pooling(flags["pooling"] or found.get("pooling") or "mean")
+    normalize = (
+        flags["normalize"] if flags["normalize"] is not None else bool(found.get("normalize"))
+    )
+    length = flags["max_seq_length"] or found.get("max_seq_length")
     length = length or min(512, config.max_position_embeddings)
     if not 3 <= length <= config.max_position_embeddings:
-        raise SystemExit(f"convert: --max_seq_length={length} must be in [3, "
-                         f"max_position_embeddings={config.max_position_embeddings}]")  # fmt: skip
+        raise ConversionError(
+            f"--max_seq_length={length} must be in [3, max_position_embeddings="
+            f"{config.max_position_embeddings}]"
+        )
     log.info("sentence-transformers modules: %s pooling%s, %d tokens (from %s)", pooling,
              ", normalised" if normalize else "", length,
-             "flags" if FLAGS.pooling else where)  # fmt: skip
+             "flags" if flags["pooling"] else where)  # fmt: skip
     return sentence_transformers.module_files(pooling, normalize, config.hidden_size, length)
+
+
+# The flags that only --format=sentence-transformers reads.
+SENTENCE_TRANSFORMERS_FLAGS = ("pooling", "normalize", "max_seq_length")
+
+
+def check_flags(fmt: str, given: dict) -> None:
+    """Refuses flags that would do nothing for `fmt`: the sentence-transformers settings
+    outside that format, --scan_layers outside orbax (`given`: flag -> value, None unset).
+
+    Raises:
+      ConversionError: naming each such flag.
+    """
+    from bert_jax.convert.names import ConversionError
+
+    named = []
+    if fmt != "sentence-transformers":
+        named += [f"--{n}" for n in SENTENCE_TRANSFORMERS_FLAGS if given.get(n) is not None]
+    if fmt != "orbax" and given.get("scan_layers"):  # its default, False, is no choice
+        named.append("--scan_layers")
+    if named:
+        needs = {"scan_layers": "orbax"}
+        formats = sorted({needs.get(n[2:], "sentence-transformers") for n in named})
+        raise ConversionError(
+            f"{', '.join(named)} given with --format={fmt}, which does not read "
+            f"{'it' if len(named) == 1 else 'them'} (only --format={' / '.join(formats)} does)"
+        )
 
 
 def trained_casing(source_dir: str) -> bool | None:
@@ -126,90 +156,118 @@ def trained_casing(source_dir: str) -> bool | None:
     return casing
 
 
-def main(argv) -> None:
-    from absl import app, flags
+def convert(
+    input: str,
+    output: str,
+    fmt: str = "hf",
+    *,
+    pooling: str | None = None,
+    normalize: bool | None = None,
+    max_seq_length: int | None = None,
+    bert_config_file: str | None = None,
+    vocab_file: str | None = None,
+    do_lower_case: bool | None = None,
+    scan_layers: bool = False,
+    allow_non_finite: bool = False,
+    overwrite: bool = False,
+) -> str:
+    """The command line's work, one argument per flag; returns what it wrote.
 
+    Raises:
+      ConversionError (or ConfigError, CheckpointError, a VocabError, FileNotFoundError):
+        naming the file, flag or key; `main` prints it in one line.
+    """
     # Here, not at the top: `-h` answers without loading JAX and Flax.
+    from bert_jax.convert import locations
     from bert_jax.convert.electra import read_electra_train_state, save_hf_electra
     from bert_jax.convert.export import save_hf
     from bert_jax.convert.load import load_pretrained
-    from bert_jax.convert.names import with_layout
+    from bert_jax.convert.names import ConversionError, with_layout
     from bert_jax.convert.output_dir import check_output
-    from bert_jax.convert.readers import detect_format, save_params, tokenizer_files
+    from bert_jax.convert.readers import detect_format, save_params
+
+    settings = {"pooling": pooling, "normalize": normalize, "max_seq_length": max_seq_length}
+    check_flags(fmt, {**settings, "scan_layers": scan_layers})
+    # Before anything is read: an --output that is the input, above it, or not an export.
+    try:
+        check_output(output, overwrite, (input, vocab_file, bert_config_file))
+    except FileExistsError as error:
+        raise ConversionError(str(error)) from None
+    # Any model location: a fine-tuning workdir, a sentence-transformers directory, ...
+    source_dir = locations.resolve(input)
+    log.info("Reading %s (%s)", source_dir, detect_format(source_dir))
+    electra = read_electra_train_state(source_dir) if fmt == "hf" else None
+    if electra is not None:
+        config, generator, params, found_vocab = electra
+        save_hf_electra(output, config, generator, params, vocab_file=vocab_file or found_vocab,
+                        overwrite=overwrite)  # fmt: skip
+        return f"{output} (ELECTRA: the generator in {output}/generator)"
+    config, params, found_vocab = load_pretrained(
+        source_dir, model="auto", config_file=bert_config_file, allow_non_finite=allow_non_finite
+    )
+    vocab_file = vocab_file or found_vocab
+    # A HF directory's tokenizer (ModernBERT's is tokenizer.json alone, without vocab.txt).
+    tokenizer = locations.tokenizer_files(source_dir)
+    train_state = detect_format(source_dir) == "train_state"
+    if vocab_file is None and not tokenizer:
+        if train_state:
+            # Its saved vocabulary is missing, or not the one the model was trained with
+            # (the warning above says which): an export must not carry a stranger's.
+            raise ConversionError(
+                f"{input} has no vocabulary that is the model's; give the one it was "
+                "trained with as --vocab_file"
+            )
+        log.warning("No vocab.txt beside %s and no --vocab_file: none written", input)
+    if fmt in ("hf", "sentence-transformers"):
+        if do_lower_case is None and train_state:
+            do_lower_case = trained_casing(source_dir)
+        save_hf(
+            output, config, params, vocab_file=vocab_file, tokenizer=tokenizer,
+            do_lower_case=do_lower_case, overwrite=overwrite,
+            extra_json=_sentence_transformers_files(config, input, settings)
+            if fmt != "hf" else None,
+            allow_non_finite=allow_non_finite,
+        )  # fmt: skip
+    else:
+        config = config.replace(scan_layers=scan_layers)
+        params = with_layout(params, scan_layers, config.num_hidden_layers)
+        save_params(output, config, params, vocab_file=vocab_file, tokenizer=tokenizer,
+                    overwrite=overwrite, allow_non_finite=allow_non_finite)  # fmt: skip
+    return output
+
+
+def _one_line_errors() -> tuple[type[BaseException], ...]:
+    """The errors `main` prints in one line: about the user's input, each naming it."""
+    from bert_jax.checkpoint_reading import CheckpointError
+    from bert_jax.config import ConfigError
+    from bert_jax.convert.names import ConversionError
+    from data_pipelines.paths import GlobCharactersError, OutputIsInputError
+    from data_pipelines.tokenizer_base import VocabError
+
+    return (ConversionError, ConfigError, CheckpointError, VocabError, FileNotFoundError,
+            NotADirectoryError, GlobCharactersError, OutputIsInputError)  # fmt: skip
+
+
+def main(argv) -> None:
+    from absl import app, flags
+
     from data_pipelines import cli
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     FLAGS = flags.FLAGS
     cli.progress_logging("bert_jax")
-    # Before anything is read: an --output that is the input, above it, or not an export.
-    reads = (FLAGS.input, FLAGS.vocab_file, FLAGS.bert_config_file)
     try:
-        check_output(FLAGS.output, FLAGS.overwrite, reads)
-    except FileExistsError as error:
+        wrote = convert(
+            FLAGS.input, FLAGS.output, FLAGS.format, pooling=FLAGS.pooling,
+            normalize=FLAGS.normalize, max_seq_length=FLAGS.max_seq_length,
+            bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file,
+            do_lower_case=FLAGS.do_lower_case, scan_layers=FLAGS.scan_layers,
+            allow_non_finite=FLAGS.allow_non_finite, overwrite=FLAGS.overwrite,
+        )  # fmt: skip
+    except _one_line_errors() as error:  # the input is wrong: one line, as `embed` says it
         raise SystemExit(f"convert: {error}") from None
-    from bert_jax.convert import sentence_transformers
-
-    source_dir = FLAGS.input
-    if (settings := sentence_transformers.read_settings(FLAGS.input)) is not None:
-        source_dir = settings.model_dir  # the Transformer module's HF directory
-    log.info("Reading %s (%s)", source_dir, detect_format(source_dir))
-    electra = read_electra_train_state(FLAGS.input) if FLAGS.format == "hf" else None
-    if electra is not None:
-        config, generator, params, vocab_file = electra
-        save_hf_electra(
-            FLAGS.output,
-            config,
-            generator,
-            params,
-            vocab_file=FLAGS.vocab_file or vocab_file,
-            overwrite=FLAGS.overwrite,
-        )
-        print(f"wrote {FLAGS.output} (ELECTRA: the generator in {FLAGS.output}/generator)")
-        return
-    config, params, vocab_file = load_pretrained(
-        source_dir, model="auto", config_file=FLAGS.bert_config_file,
-        allow_non_finite=FLAGS.allow_non_finite,
-    )  # fmt: skip
-    vocab_file = FLAGS.vocab_file or vocab_file
-    # A HF directory's tokenizer (ModernBERT's is tokenizer.json alone, without vocab.txt).
-    tokenizer = tokenizer_files(source_dir)
-    if vocab_file is None and not tokenizer:
-        if detect_format(source_dir) == "train_state":
-            # Its saved vocabulary is missing, or not the one the model was trained with
-            # (the warning above says which): an export must not carry a stranger's.
-            raise SystemExit(
-                f"convert: {FLAGS.input} has no vocabulary that is the model's; give the "
-                "one it was trained with as --vocab_file"
-            )
-        log.warning("No vocab.txt beside %s and no --vocab_file: none written", FLAGS.input)
-    if FLAGS.format in ("hf", "sentence-transformers"):
-        save_hf(
-            FLAGS.output,
-            config,
-            params,
-            vocab_file=vocab_file,
-            tokenizer=tokenizer,
-            do_lower_case=FLAGS.do_lower_case
-            if FLAGS.do_lower_case is not None or detect_format(source_dir) != "train_state"
-            else trained_casing(source_dir),
-            overwrite=FLAGS.overwrite,
-            extra_json=_sentence_transformers_files(config) if FLAGS.format != "hf" else None,
-            allow_non_finite=FLAGS.allow_non_finite,
-        )
-    else:
-        config = config.replace(scan_layers=FLAGS.scan_layers)
-        params = with_layout(params, FLAGS.scan_layers, config.num_hidden_layers)
-        save_params(
-            FLAGS.output,
-            config,
-            params,
-            vocab_file=vocab_file,
-            tokenizer=tokenizer,
-            overwrite=FLAGS.overwrite,
-            allow_non_finite=FLAGS.allow_non_finite,
-        )
-    print(f"wrote {FLAGS.output}")
+    print(f"wrote {wrote}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import numpy as np
 
 from bert_jax.config import BertConfig
 from bert_jax.convert.families import family_of
+from bert_jax.convert.locations import copy_files
 from bert_jax.convert.names import (
     WORD_EMBEDDINGS,
     ConversionError,
@@ -20,7 +21,7 @@ from bert_jax.convert.names import (
     get_path,
     with_layout,
 )
-from bert_jax.convert.readers import check_finite, check_vocab, copy_files, writing_dir
+from bert_jax.convert.readers import check_finite, check_vocab, writing_dir
 
 log = logging.getLogger(__name__)
 

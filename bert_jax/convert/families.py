@@ -63,6 +63,7 @@ def read_config(path: str | os.PathLike) -> BertConfig:
     ours (`ours_config_dict`)."""
     path = os.fspath(path)
     data = _json(path)
+    check_size_bounds(data, path)
     if data.get("model_type") != OURS:
         return hf_family(data, path).from_hf_config(data, path)
     names = {f.name for f in dataclasses.fields(BertConfig)} - set(_NOT_WRITTEN)
@@ -72,14 +73,35 @@ def read_config(path: str | os.PathLike) -> BertConfig:
         raise ConfigError(f"{path}: {error}") from None
 
 
+# The sizes a config.json gives; each is an array axis, indexed in int32.
+SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+             "intermediate_size", "max_position_embeddings", "type_vocab_size")  # fmt: skip
+SIZE_MAX = 2**31 - 1
+
+
+def check_size_bounds(data: dict, path: str) -> None:
+    """Refuses a size past `SIZE_MAX` (e.g. vocab_size 10**12) in one line naming the file and
+    key, before anything is built of it."""
+    for key in SIZE_KEYS:
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > SIZE_MAX:
+            raise ConfigError(
+                f"{path}: {key} {value} is past {SIZE_MAX} (2**31 - 1), the largest size "
+                "an array axis indexed in int32 takes"
+            )
+
+
 def _json(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            data = json.load(f)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
 
 
 def ours_config_dict(config: BertConfig) -> dict:

@@ -14,6 +14,7 @@ from bert_jax.config import BertConfig
 from bert_jax.convert.families import family_of
 from bert_jax.convert.names import (
     LAYER_INDEX,
+    WORD_EMBEDDINGS,
     ConversionError,
     Family,
     Params,
@@ -118,6 +119,44 @@ def _fill(source: Source, module: nn.Module, config: BertConfig, family: Family,
     return params
 
 
+def check_sizes(source: Source, config: BertConfig, family: Family, where: str) -> None:
+    """Refuses a config whose layer count, width or vocabulary disagrees with the weights of
+    `source`, from their shapes alone (a safetensors header, a TF index, checkpoint
+    metadata), before a template of the model is built: a config saying 1,000,000 layers
+    would otherwise build for hours before the first tensor is compared.
+
+    Raises:
+      ConversionError: one line naming the config (`where`: its file) and key, its value and
+        what the weights hold.
+    """
+    layers = {int(m.group(2)) for name in source.shapes if (m := LAYER_INDEX.search(name))}
+    if layers and max(layers) + 1 != config.num_hidden_layers:
+        found = max(layers) + 1
+        beyond = sorted(i for i in layers if i >= config.num_hidden_layers)[:4]
+        detail = f": layer(s) {beyond} beyond num_hidden_layers" if beyond else ""
+        raise ConversionError(
+            f"{where}: num_hidden_layers={config.num_hidden_layers} but the weights in "
+            f"{source.location} hold {found} encoder layer(s){detail}"
+        )
+    # The word-embedding table, stored (rows, width) in every format, gives vocab_size and
+    # the embedding width (hidden_size, or embedding_size where it differs).
+    one_layer = config.replace(num_hidden_layers=1)
+    spec = next(s for s in family.encoder(one_layer) if s.path == WORD_EMBEDDINGS)
+    if not source.has(spec) or len(source.shapes[source.name(spec)]) != 2:
+        return  # a missing or odd table: `Source.take` names it
+    name = source.name(spec)
+    rows, width = source.shapes[name]
+    width_key = "embedding_size" if config.embedding_size else "hidden_size"
+    for key, value, held in (("vocab_size", config.vocab_size, rows),
+                             (width_key, config.embedding_width, width)):  # fmt: skip
+        if value != held:
+            raise ConversionError(
+                f"{where}: {key}={value} but the weights in {source.location} hold {held} "
+                f"({source.display(name)!r} has shape {(rows, width)}, the config's "
+                f"{(config.vocab_size, config.embedding_width)})"
+            )
+
+
 def load_pretrained(
     path: str | os.PathLike,
     config: BertConfig | None = None,
@@ -165,12 +204,14 @@ def load_source(
 ) -> tuple[BertConfig, Params, str | None]:
     """`load_pretrained` of a source already open (`open_source`): what reads it can also
     ask the source which checkpoint step it held (`Source.step`)."""
+    where = "the config given"
     if config is None:
         if source.config is None:
             raise ConversionError(f"{source.location}: no config file found; pass a config")
-        config = source.config
+        config, where = source.config, source.config_file or "the config"
     check_vocab(source.vocab_file, config)
     family = family_of(config)
+    check_sizes(source, config, family, where)
     if model == "auto":
         heads = family.heads(config)
         mlm, nsp = (any(source.has(s) for s in heads.get(h, [])) for h in ("mlm", "nsp"))

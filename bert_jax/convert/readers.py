@@ -17,13 +17,13 @@ import json
 import logging
 import os
 import re
-import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from bert_jax.config import BertConfig
-from bert_jax.convert import families
+from bert_jax.convert import families, locations
+from bert_jax.convert.locations import copy_files, tokenizer_files  # noqa: F401 (its API)
 from bert_jax.convert.names import (
     IGNORED_NAMES,
     ConversionError,
@@ -57,6 +57,7 @@ class Source:
         self.shapes = shapes
         self._read = read
         self.config = config
+        self.config_file: str | None = None  # the file `config` was read from, if one
         self.vocab_file = vocab_file
         self.step: int | None = None  # of a pretraining train state: the checkpoint step read
         self.taken: set[str] = set()
@@ -170,46 +171,38 @@ def _reading(location: str, expected: str) -> Iterator[None]:
 
 
 def _found(directory: str, name: str) -> str | None:
-    path = os.path.join(directory, name)
-    return path if os.path.exists(path) else None
+    """`directory/name` if it is there; never a link out of the directory (`locations`)."""
+    return locations.model_file(directory, name)
 
 
 def _found_vocab(directory: str) -> str | None:
     """The tokenizer file of a model directory: vocab.txt, else tokenizer.json (ModernBERT's
-    has no vocab.txt), else its one sentencepiece `.model`."""
+    has no vocab.txt), else its one sentencepiece `.model`; never a link out of it."""
     from data_pipelines import tokenization
 
     directory = directory or "."  # a checkpoint prefix in the working directory
-    return tokenization.find_tokenizer_file(directory) if os.path.isdir(directory) else None
-
-
-def _check_inside(directory: str, name: object, index: str) -> None:
-    """Refuses a weight file an index names outside its model directory (an absolute path,
-    `..`, or a symlink out of it): a model directory reads only its own files."""
-    if not isinstance(name, str) or not name:
-        raise ConversionError(f"{index}: weight_map names {name!r}, not a file name")
-    parts = name.replace("\\", "/").split("/")
-    root = os.path.realpath(directory)
-    inside = os.path.realpath(os.path.join(directory, name)).startswith(root + os.sep)
-    if os.path.isabs(name) or ".." in parts or not inside:
-        raise ConversionError(
-            f"{index}: weight_map names {name!r}, outside the model directory {directory}; "
-            "an index may name only files inside its own directory"
-        )
+    if not os.path.isdir(directory):
+        return None
+    for name in (tokenization.VOCAB_NAME, tokenization.HF_NAME):
+        locations.model_file(directory, name)  # a link out is refused, not passed over
+    found = tokenization.find_tokenizer_file(directory)
+    return found and locations.check_inside(directory, found)
 
 
 def _hf_source(directory: str) -> Source:
     from safetensors import safe_open
 
     index = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.exists(index):
+    if os.path.lexists(index):
+        locations.check_inside(directory, index)
         expected = "a safetensors index (JSON with a weight_map)"
         with _reading(index, expected), open(index, encoding="utf-8") as f:
             files = sorted(set(json.load(f)["weight_map"].values()))
         for fname in files:
-            _check_inside(directory, fname, index)
+            locations.check_index_entry(directory, fname, index)
     else:
         files = ["model.safetensors"]
+        locations.check_inside(directory, os.path.join(directory, files[0]))
     shapes, where = {}, {}
     for fname in files:
         path = os.path.join(directory, fname)
@@ -246,7 +239,7 @@ def _hf_source(directory: str) -> Source:
         return name if name.startswith(families.HEAD_KEYS) else prefix + name
 
     config_file = _found(directory, "config.json")
-    return Source(
+    source = Source(
         directory,
         "hf",
         {name: shapes[key] for name, key in original.items()},
@@ -255,6 +248,8 @@ def _hf_source(directory: str) -> Source:
         _found_vocab(directory),
         display,
     )
+    source.config_file = config_file
+    return source
 
 
 def _tf_source(prefix: str, config_file: str | None) -> Source:
@@ -271,7 +266,7 @@ def _tf_source(prefix: str, config_file: str | None) -> Source:
         )
     directory = os.path.dirname(prefix)
     config_file = config_file or _found(directory, "bert_config.json")
-    return Source(
+    source = Source(
         prefix,
         "tf",
         shapes,
@@ -280,6 +275,8 @@ def _tf_source(prefix: str, config_file: str | None) -> Source:
         BertConfig.from_json_file(config_file, flavour="google") if config_file else None,
         _found_vocab(directory),
     )
+    source.config_file = config_file
+    return source
 
 
 def _ours_source(
@@ -401,7 +398,7 @@ def _tf_prefix(path: str) -> str | None:
     if os.path.exists(path + ".index"):
         return path
     if os.path.isdir(path):
-        indexes = glob.glob(os.path.join(path, "*.index"))
+        indexes = glob.glob(os.path.join(glob.escape(path), "*.index"))
         if len(indexes) == 1:
             return indexes[0].removesuffix(".index")
         if indexes:
@@ -441,7 +438,7 @@ def detect_format(path: str | os.PathLike) -> str:
 
         if checkpointing.find_checkpoints(path):
             return "train_state"  # `bert_jax.checkpointing` (pretraining runs)
-        if glob.glob(os.path.join(path, "model.safetensors*")):
+        if glob.glob(os.path.join(glob.escape(path), "model.safetensors*")):
             return "hf"
         if os.path.exists(os.path.join(path, "pytorch_model.bin")):
             raise ConversionError(
@@ -470,7 +467,7 @@ def open_source(path: str | os.PathLike, config_file: str | None = None) -> Sour
     `config_file` replaces the config found beside the checkpoint (e.g. a TF checkpoint
     with no `bert_config.json` next to it).
     """
-    path = _given(path)
+    path = locations.resolve(_given(path))
     if "://" not in path:  # Orbax refuses (and misreads) relative local directories
         path = os.path.abspath(path)
     fmt = detect_format(path)
@@ -485,35 +482,11 @@ def open_source(path: str | os.PathLike, config_file: str | None = None) -> Sour
         with _reading(path, expected):
             config, params, vocab_file = load_params(path)
         source = _ours_source(path, config, params, vocab_file)
+        source.config_file = os.path.join(path, "config.json")
     if config_file:
         source.config = families.read_config(config_file)
+    source.config_file = config_file or source.config_file
     return source
-
-
-# A HF directory's tokenizer beside vocab.txt (ModernBERT's has no vocab.txt): copied as is.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def tokenizer_files(path: str | os.PathLike) -> list[str]:
-    """The `TOKENIZER_FILES` in directory `path` (none for a checkpoint prefix or a file)."""
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        return []
-    return [found for name in TOKENIZER_FILES if (found := _found(path, name))]
-
-
-# --- Writing directories ----------------------------------------------------------------------
-
-
-def copy_files(directory: str, vocab_file: str | None, tokenizer: Sequence[str]) -> None:
-    """Copies `vocab_file` (a vocab.txt as vocab.txt, a .model under its name, a
-    tokenizer.json with its config files) and the `tokenizer` files into `directory`."""
-    from data_pipelines import tokenization
-
-    for source, name in tokenization.files_to_copy(vocab_file) if vocab_file else ():
-        shutil.copyfile(source, os.path.join(directory, name))
-    for path in tokenizer:
-        shutil.copyfile(path, os.path.join(directory, os.path.basename(path)))
 
 
 # --- Params-only Orbax ------------------------------------------------------------------------
@@ -587,6 +560,8 @@ def load_params(directory: str | os.PathLike) -> tuple[BertConfig, Params, str |
     import orbax.checkpoint as ocp
 
     directory = os.path.abspath(os.fspath(directory))
+    for name in ("config.json", "params"):
+        locations.check_inside(directory, os.path.join(directory, name))
     config = families.read_config(os.path.join(directory, "config.json"))
     params = as_numpy(ocp.StandardCheckpointer().restore(os.path.join(directory, "params")))
     # config.json does not record the layout; the params do.

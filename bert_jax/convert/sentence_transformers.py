@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 
+from bert_jax.convert import locations
 from bert_jax.convert.names import ConversionError
 
 MODULES_FILE = "modules.json"
@@ -65,19 +66,33 @@ def _json(path: str):
 
 
 def _inside(root: str, relative: str, what: str) -> str:
-    """`root/relative`, refused when `relative` leaves `root` (absolute, `..`, a link out)."""
-    path = os.path.realpath(os.path.join(root, relative))
-    base = os.path.realpath(root)
-    if os.path.isabs(relative) or os.path.commonpath([path, base]) != base:
+    """`root/relative`, refused when `relative` leaves `root` (absolute, `..`, a link out
+    but into a Hugging Face cache's blobs/: `locations.check_inside`)."""
+    if not isinstance(relative, str) or os.path.isabs(relative) or ".." in relative.split("/"):
         raise ConversionError(f"{what}: path {relative!r} is outside {root}")
-    return path
+    path = os.path.join(root, relative)
+    locations.check_inside(root, path, f"{what}: path {relative!r} ({path})")
+    return os.path.normpath(path)
+
+
+def check_max_seq_length(value: object, what: str) -> int | None:
+    """`max_seq_length` as sentence_bert_config.json gives it: None (the model's own) or a
+    whole number >= 1; 0, a fraction, a string or a bool is refused naming `what`."""
+    if value is None:
+        return None
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not whole or value < 1:
+        raise ConversionError(
+            f"{what}: max_seq_length {value!r} is not a whole number of tokens >= 1"
+        )
+    return value
 
 
 def read_settings(path: str) -> Settings | None:
     """The settings of the sentence-transformers directory `path`; None if it is none."""
     if not is_sentence_transformers(path):
         return None
-    modules_file = os.path.join(path, MODULES_FILE)
+    modules_file = locations.check_inside(path, os.path.join(path, MODULES_FILE))
     modules = _json(modules_file)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise ConversionError(f"{modules_file}: expected a list of module entries")
@@ -90,8 +105,10 @@ def read_settings(path: str) -> Settings | None:
         )
     model_dir = _inside(path, modules[0].get("path", ""), modules_file)
     pooling_dir = _inside(path, modules[1].get("path", ""), modules_file)
-    pooling_file = os.path.join(pooling_dir, "config.json")
+    pooling_file = locations.check_inside(path, os.path.join(pooling_dir, "config.json"))
     pooling_config = _json(pooling_file)
+    if not isinstance(pooling_config, dict):
+        raise ConversionError(f"{pooling_file}: expected a JSON object of pooling_mode_* keys")
     on = [key for key, value in pooling_config.items() if key.startswith("pooling_mode_") and value]
     if len(on) != 1 or on[0] in _UNSUPPORTED_MODES or on[0] not in _MODES:
         raise ConversionError(
@@ -100,8 +117,12 @@ def read_settings(path: str) -> Settings | None:
         )
     max_length = None
     st_config = os.path.join(model_dir, "sentence_bert_config.json")
-    if os.path.isfile(st_config):
-        max_length = _json(st_config).get("max_seq_length")
+    if os.path.lexists(st_config):
+        locations.check_inside(path, st_config)
+        found = _json(st_config)
+        if not isinstance(found, dict):
+            raise ConversionError(f"{st_config}: expected a JSON object")
+        max_length = check_max_seq_length(found.get("max_seq_length"), st_config)
     return Settings(_MODES[on[0]], _NORMALIZE in kinds, max_length, model_dir)
 
 
