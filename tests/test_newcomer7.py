@@ -65,3 +65,72 @@ def test_the_venv_runs_sentence_transformers_and_its_trainer_without_use_tf(tmp_
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "(2, 16)" in done.stdout and "trained" in done.stdout, done.stdout
+
+
+def finetuned_workdir(directory):
+    """What `experiments.finetune_embeddings` leaves: checkpoint/ (our encoder, no pooler,
+    its settings and base model in finetuned.json) and metrics.json (dev scores)."""
+    from bert_jax import finetune_common
+
+    vocab = directory / "vocab.txt"
+    vocab.write_text("\n".join(SPECIALS + WORDS) + "\n")
+    config = BertConfig(vocab_size=len(SPECIALS) + len(WORDS), hidden_size=16,
+                        num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                        max_position_embeddings=16)  # fmt: skip
+    module = embeddings.BertForEmbedding(config, "mean", True)
+    ids = jnp.zeros((1, 4), jnp.int32)
+    params = nn.unbox(module.init(jax.random.key(0), ids, ids, ids)["params"])
+    workdir = directory / "run"
+    settings = {"pooling": "mean", "normalize": True, "max_seq_length": 16}
+    finetune_common.save_finetuned(
+        str(workdir / "checkpoint"), config, params, vocab_file=str(vocab),
+        metadata={"task": "embedding", "embedding": settings, "init_from": "/models/minilm",
+                  "from_scratch": False, "objective": "contrastive"},
+    )  # fmt: skip
+    scores = {"nDCG@10": 0.25, "MRR@10": 0.2, "R@1": 0.125, "R@10": 0.5, "R@100": 1.0}
+    metrics = {"before": scores, "after": {**scores, "nDCG@10": 0.75}}
+    finetune_common.write_json(str(workdir / "metrics.json"), metrics)
+    return workdir
+
+
+def test_an_embedding_export_has_a_card_no_made_up_pooler_and_loads_by_relative_path(
+    tmp_path, monkeypatch, capfd
+):
+    """Issue 83 item 5: without README.md, SentenceTransformer("bj-st") looked "bj-st" up on
+    the hub (5 retries offline) before reading the directory; the export of a run without a
+    pooler carried one initialised at random, which transformers serves as pooler_output."""
+    import huggingface_hub
+    from safetensors import safe_open
+
+    st = __import__("sentence_transformers")
+    workdir = finetuned_workdir(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "bert_jax.convert",
+                           f"--input={workdir / 'checkpoint'}", f"--output={tmp_path / 'bj-st'}",
+                           "--format=sentence-transformers"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    card = (tmp_path / "bj-st" / "README.md").read_text()
+    for said in ("/models/minilm", "mean pooling", "L2-normalised", "16 tokens", "no pooler"):
+        assert said in card, card
+    after = next(line for line in card.splitlines() if line.startswith("| after |"))
+    assert "0.7500" in after, card
+    with safe_open(tmp_path / "bj-st" / "model.safetensors", "np") as f:
+        assert not [k for k in f.keys() if "pooler" in k]
+
+    asked = []
+
+    def no_hub(*args, **kwargs):
+        asked.append((args, kwargs))
+        raise huggingface_hub.errors.LocalEntryNotFoundError("offline")
+
+    original = huggingface_hub.hf_hub_download
+    for module in list(sys.modules.values()):
+        if getattr(module, "hf_hub_download", None) is original:
+            monkeypatch.setattr(module, "hf_hub_download", no_hub)
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
+    model = st.SentenceTransformer("bj-st", device="cpu")
+    assert not asked, asked
+    assert model.encode(["the cat sat"]).shape == (1, 16)
+    assert model[0].auto_model.pooler is None
+    assert "newly initialized" not in capfd.readouterr().err

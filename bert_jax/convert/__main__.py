@@ -19,6 +19,7 @@ discriminator in --output (transformers' ElectraForPreTraining), the generator i
 from __future__ import annotations
 
 import logging
+import os
 
 log = logging.getLogger("bert_jax.convert")
 
@@ -87,9 +88,11 @@ def _define_flags():
     return flags.FLAGS
 
 
-def _sentence_transformers_files(config, location: str, flags: dict) -> dict:
+def _sentence_transformers_files(
+    config, location: str, flags: dict, output: str, pooler_left_out: bool
+) -> dict:
     """The module files of --format=sentence-transformers: `flags` (pooling, normalize,
-    max_seq_length; None: unset), else those of the input at `location`."""
+    max_seq_length; None: unset), else those of the input at `location`; and README.md."""
     from bert_jax import embeddings
     from bert_jax.convert import sentence_transformers
     from bert_jax.convert.names import ConversionError
@@ -109,7 +112,13 @@ def _sentence_transformers_files(config, location: str, flags: dict) -> dict:
     log.info("sentence-transformers modules: %s pooling%s, %d tokens (from %s)", pooling,
              ", normalised" if normalize else "", length,
              "flags" if flags["pooling"] else where)  # fmt: skip
-    return sentence_transformers.module_files(pooling, normalize, config.hidden_size, length)
+    name = os.path.basename(os.path.normpath(output))
+    card = sentence_transformers.model_card(name, location, pooling, normalize,
+                                            config.hidden_size, length,
+                                            pooler_left_out=pooler_left_out)  # fmt: skip
+    return sentence_transformers.module_files(
+        pooling, normalize, config.hidden_size, length, pooler_left_out=pooler_left_out, card=card
+    )
 
 
 # The flags that only --format=sentence-transformers reads.
@@ -178,7 +187,7 @@ def convert(
         naming the file, flag or key; `main` prints it in one line.
     """
     # Here, not at the top: `-h` answers without loading JAX and Flax.
-    from bert_jax.convert import locations
+    from bert_jax.convert import locations, sentence_transformers
     from bert_jax.convert.electra import read_electra_train_state, save_hf_electra
     from bert_jax.convert.export import save_hf
     from bert_jax.convert.load import load_pretrained
@@ -202,8 +211,13 @@ def convert(
         save_hf_electra(output, config, generator, params, vocab_file=vocab_file or found_vocab,
                         overwrite=overwrite)  # fmt: skip
         return f"{output} (ELECTRA: the generator in {output}/generator)"
+    model, pooler_left_out = "auto", False
+    if fmt == "sentence-transformers":
+        model, pooler_left_out = sentence_transformers.embedding_encoder(
+            source_dir, bert_config_file
+        )
     config, params, found_vocab = load_pretrained(
-        source_dir, model="auto", config_file=bert_config_file, allow_non_finite=allow_non_finite
+        source_dir, model=model, config_file=bert_config_file, allow_non_finite=allow_non_finite
     )
     vocab_file = vocab_file or found_vocab
     # A HF directory's tokenizer (ModernBERT's is tokenizer.json alone, without vocab.txt).
@@ -224,7 +238,8 @@ def convert(
         save_hf(
             output, config, params, vocab_file=vocab_file, tokenizer=tokenizer,
             do_lower_case=do_lower_case, overwrite=overwrite,
-            extra_json=_sentence_transformers_files(config, input, settings)
+            extra_json=_sentence_transformers_files(config, input, settings, output,
+                                                    pooler_left_out)
             if fmt != "hf" else None,
             allow_non_finite=allow_non_finite,
         )  # fmt: skip

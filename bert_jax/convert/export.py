@@ -181,8 +181,8 @@ def save_hf(
 ) -> str:
     """Writes config.json + model.safetensors (+ vocab.txt, the `tokenizer` files copied
     under their names, tokenizer_config.json from `do_lower_case`, and `extra_json`: a
-    relative path -> content of JSON files written in the same directory, e.g. the
-    sentence-transformers modules of `sentence_transformers.module_files`).
+    relative path -> content of JSON files written in the same directory, a str as text: the
+    sentence-transformers modules and README.md of `sentence_transformers.module_files`).
 
     `transformers.BertForPreTraining.from_pretrained(output_dir)` loads it when `params`
     has MLM and NSP heads; an encoder alone is a BertModel, a fine-tuned head the
@@ -216,6 +216,9 @@ def save_hf(
             path = os.path.join(tmp, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w", encoding="utf-8") as f:
-                json.dump(content, f, indent=2)
+                if isinstance(content, str):  # a text file (a README.md) as it is
+                    f.write(content)
+                else:
+                    json.dump(content, f, indent=2)
     log.info("Wrote %s (%s, %d tensors)", output_dir, arch, len(state))
     return output_dir

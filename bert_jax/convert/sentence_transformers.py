@@ -126,11 +126,37 @@ def read_settings(path: str) -> Settings | None:
     return Settings(_MODES[on[0]], _NORMALIZE in kinds, max_length, model_dir)
 
 
+def embedding_encoder(path: str, config_file: str | None = None):
+    """("auto", False), or (our BertModel without a pooler, True) for a BERT checkpoint
+    that has none (a `finetune_embeddings` run's): what `load_pretrained` should build for an
+    embedding export, which needs no pooler and must not carry one made up at random."""
+    from bert_jax.convert.families import family_of
+    from bert_jax.convert.readers import open_source
+    from bert_jax.model import BertModel
+
+    source = open_source(path, config_file)
+    if source.config is None:
+        return "auto", False  # load_pretrained says what is missing
+    pooler = family_of(source.config).pooler
+    if not pooler or any(source.has(spec) for spec in pooler):
+        return "auto", False
+    return BertModel(source.config, add_pooling_layer=False), True
+
+
 def module_files(
-    pooling: str, normalize: bool, hidden_size: int, max_seq_length: int
+    pooling: str,
+    normalize: bool,
+    hidden_size: int,
+    max_seq_length: int,
+    *,
+    pooler_left_out: bool = False,
+    card: str | None = None,
 ) -> dict[str, object]:
     """The JSON files (relative path -> content) that make an HF export a
-    sentence-transformers directory with the Transformer at its root."""
+    sentence-transformers directory with the Transformer at its root, and its README.md
+    (`card`, text; `model_card`). `pooler_left_out`: a BERT encoder exported without its
+    pooler, which sentence-transformers is told not to build (transformers would initialise
+    one at random, say so, and serve it as `pooler_output`)."""
     modes = {key: False for key in (*_MODES, *_UNSUPPORTED_MODES)}
     modes[{v: k for k, v in _MODES.items()}[pooling]] = True
     modules = [
@@ -139,15 +165,126 @@ def module_files(
     ]
     if normalize:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": _NORMALIZE})
+    st_config: dict[str, object] = {"max_seq_length": max_seq_length, "do_lower_case": False}
+    if pooler_left_out:  # sentence-transformers passes model_args to from_pretrained
+        st_config["model_args"] = {"add_pooling_layer": False}
     return {
         MODULES_FILE: modules,
         # do_lower_case here is sentence-transformers' own extra lower-casing, off: the
         # tokenizer (tokenizer_config.json) does what the vocabulary needs.
-        "sentence_bert_config.json": {"max_seq_length": max_seq_length, "do_lower_case": False},
+        "sentence_bert_config.json": st_config,
         "1_Pooling/config.json": {
             "word_embedding_dimension": hidden_size,
             **modes,
             "include_prompt": True,
         },
         "config_sentence_transformers.json": {"similarity_fn_name": "cosine"},
+        **({README: card} if card is not None else {}),
     }
+
+
+# sentence-transformers reads README.md before any module: where a directory has none, a
+# relative path ("my-embedder") is also a valid hub name, looked up online (5 retries,
+# ~23 s offline) before the local files are used.
+README = "README.md"
+
+
+def _provenance(location: str) -> tuple[dict, dict]:
+    """(finetuned.json, metrics.json) of the run `location` comes from: a workdir or its
+    checkpoint/ (`experiments.finetune_embeddings`); ({}, {}) for anything else."""
+    for checkpoint in (os.path.join(location, "checkpoint"), location):
+        meta_file = os.path.join(checkpoint, "finetuned.json")
+        if os.path.isfile(meta_file):
+            workdir = location if checkpoint != location else os.path.dirname(location)
+            metrics_file = os.path.join(workdir, "metrics.json")
+            metrics = _json(metrics_file) if os.path.isfile(metrics_file) else {}
+            meta = _json(meta_file)
+            return (meta if isinstance(meta, dict) else {},
+                    metrics if isinstance(metrics, dict) else {})  # fmt: skip
+    return {}, {}
+
+
+def model_card(
+    name: str,
+    location: str,
+    pooling: str,
+    normalize: bool,
+    hidden_size: int,
+    max_seq_length: int,
+    *,
+    pooler_left_out: bool = False,
+) -> str:
+    """The README.md of an export of `location`: what the model is (base model, training
+    data and objective where the run saved them, pooling), its dev scores where the run
+    measured them (`metrics.json`), and how to load it."""
+    meta, metrics = _provenance(location)
+    base = meta.get("init_from") or ("none: trained from scratch" if meta.get("from_scratch")
+                                     else None)  # fmt: skip
+    rows = [
+        ("converted from", f"`{os.path.abspath(location)}`"),
+        ("base model", base and f"`{base}`"),
+        ("training data", meta.get("train_file") and f"`{meta['train_file']}`"),
+        ("objective", meta.get("objective")),
+        ("embedding", f"{hidden_size} dimensions, {pooling} pooling"
+                      + (", L2-normalised (a dot product is the cosine)" if normalize else "")),
+        ("max length", f"{max_seq_length} tokens (longer texts are cut)"),
+    ]  # fmt: skip
+    lines = [
+        "---",
+        "library_name: sentence-transformers",
+        "pipeline_tag: sentence-similarity",
+        "tags: [sentence-transformers, feature-extraction, sentence-similarity, bert_jax]",
+        "---",
+        "",
+        f"# {name}",
+        "",
+        "A sentence-embedding model exported by bert_jax "
+        "(`python -m bert_jax.convert --format=sentence-transformers`).",
+        "",
+        "| | |",
+        "| --- | --- |",
+        *(f"| {key} | {value} |" for key, value in rows if value),
+    ]
+    scored = [(when, metrics[when]) for when in ("before", "after")
+              if isinstance(metrics.get(when), dict)]  # fmt: skip
+    if scored:
+        numbers = (k for _, s in scored for k, v in s.items() if isinstance(v, int | float))
+        keys = list(dict.fromkeys(numbers))  # nDCG@10, MRR@10, R@1, ... in the run's order
+        lines += [
+            "",
+            "## Scores",
+            "",
+            "The run's `dev_file`: each distinct dev query against every distinct dev positive "
+            "(`metrics.json`), before and after fine-tuning.",
+            "",
+            f"| | {' | '.join(keys)} |",
+            f"| --- |{' --- |' * len(keys)}",
+            *(f"| {when} | " + " | ".join(_score(s.get(k)) for k in keys) + " |"
+              for when, s in scored),
+        ]  # fmt: skip
+    lines += [
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from sentence_transformers import SentenceTransformer",
+        "",
+        f'model = SentenceTransformer("{name}")  # this directory',
+        'embeddings = model.encode(["a sentence to embed"])',
+        "```",
+        "",
+        f"or `python -m experiments.embed --model={name} --input_file=texts.txt "
+        "--output_file=embeddings.npy` (bert_jax).",
+    ]
+    if pooler_left_out:
+        lines += [
+            "",
+            "The encoder has no pooler (`pooler_output`): it was not trained, and the Pooling "
+            "module above makes the embedding. transformers reads the weights with "
+            f'`AutoModel.from_pretrained("{name}", add_pooling_layer=False)`.',
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _score(value) -> str:
+    return f"{value:.4f}" if isinstance(value, int | float) else ""
