@@ -375,5 +375,32 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+USAGE = (
+    "usage: python -m benchmarks.accelerator_rows SPEC_JSON RESULT_JSON  (accelerator_bench "
+    "starts it)"
+)
+
+
+def check_argv(argv: list[str]) -> None:
+    """`--help`/`-h`: the usage and this docstring, exit 0; anything but a JSON object and a
+    result path: the usage and what is wrong in one line, exit 2 (not a traceback)."""
+    if argv[1:] in (["--help"], ["-h"]):
+        print(f"{USAGE}\n\n{__doc__}")
+        sys.exit(0)
+    error = None
+    if len(argv) != 3:
+        error = f"expected two arguments, SPEC_JSON and RESULT_JSON; got {len(argv) - 1}"
+    else:
+        try:
+            if not isinstance(json.loads(argv[1]), dict):
+                error = "SPEC_JSON is not a JSON object"
+        except json.JSONDecodeError as e:
+            error = f"SPEC_JSON is not JSON ({e})"
+    if error:
+        sys.stderr.write(f"{USAGE}\naccelerator_rows: {error}\n")
+        sys.exit(2)
+
+
 if __name__ == "__main__":
+    check_argv(sys.argv)
     sys.exit(main(sys.argv))

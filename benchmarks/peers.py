@@ -522,5 +522,27 @@ def worker_main(spec_json: str) -> None:
         proto.write(json.dumps({"times": times}) + "\n")
 
 
+USAGE = "usage: python -m benchmarks.peers SPEC_JSON  (bench_model starts it: see its docstring)"
+
+
+def check_argv(argv: list[str]) -> None:
+    """`--help`/`-h`: the usage and this docstring, exit 0; anything but one JSON object:
+    the usage and what is wrong in one line, exit 2 (not a traceback of `json.loads`)."""
+    if argv[1:] in (["--help"], ["-h"]):
+        print(f"{USAGE}\n\n{__doc__}")
+        sys.exit(0)
+    error = f"expected one argument, SPEC_JSON; got {len(argv) - 1}" if len(argv) != 2 else None
+    if error is None:
+        try:
+            if not isinstance(json.loads(argv[1]), dict):
+                error = "SPEC_JSON is not a JSON object"
+        except json.JSONDecodeError as e:
+            error = f"SPEC_JSON is not JSON ({e})"
+    if error:
+        sys.stderr.write(f"{USAGE}\npeers: {error}\n")
+        sys.exit(2)
+
+
 if __name__ == "__main__":
+    check_argv(sys.argv)
     worker_main(sys.argv[1])

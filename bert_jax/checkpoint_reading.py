@@ -49,7 +49,8 @@ def restore(
     A checkpoint that cannot be read, or whose arrays do not match the fingerprint saved
     with them, raises `CheckpointError` naming its step and path; with `step=None` it is
     named in a warning and the one before it is tried. `set_aside=True` renames each such
-    checkpoint to `<step>.unreadable`, kept for inspection, so the run can save that step
+    checkpoint to `<step>.unreadable` (`.unreadable.2`, ... where one is kept already: a
+    step can turn out unreadable again), kept for inspection, so the run can save that step
     again (process 0 renames; a training run passes it).
     """
 
@@ -266,13 +267,30 @@ def _newest_readable(manager, step: int | None, read, set_aside: bool):
     )
 
 
-def _set_aside(paths: list) -> None:
+def aside_name(path: os.PathLike) -> os.PathLike:
+    """Where unreadable step directory `path` is set aside: `<step>.unreadable`, or, where an
+    earlier one of that step is kept there already, `<step>.unreadable.2`, `.3`, ... (a
+    step can be saved, found unreadable and set aside again at every rerun)."""
+    target, n = path.parent / f"{path.name}.unreadable", 1
+    while target.exists() or os.path.islink(target):
+        n += 1
+        target = path.parent / f"{path.name}.unreadable.{n}"
+    return target
+
+
+def _set_aside(paths: list) -> list:
+    """Renames each unreadable step directory of `paths` to its `aside_name`; returns the
+    names (process 0 renames and returns them; the other processes get none)."""
+    targets = []
     if jax.process_index() == 0:
         for path in paths:
-            path.rename(path.parent / f"{path.name}.unreadable")
-            logging.warning("renamed %s to %s.unreadable", path, path)
+            target = aside_name(path)
+            path.rename(target)
+            logging.warning("renamed %s to %s", path, target)
+            targets.append(target)
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("checkpointing._set_aside")
+    return targets
 
 
 def _reason_line(error: BaseException) -> str:

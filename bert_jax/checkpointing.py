@@ -101,7 +101,7 @@ def _check_landed(manager: _Manager, step: int, expected: dict) -> None:
         check_readable(step_dir, expected)
     except Exception as error:  # noqa: BLE001 - any failure to read it back
         reason = _reason_line(error)
-        _set_aside([step_dir])
+        aside = (_set_aside([step_dir]) or [f"{step_dir}.unreadable"])[0]
         manager.reload()  # its latest_step is the one before now
         before = manager.latest_step()
         kept = (
@@ -109,7 +109,7 @@ def _check_landed(manager: _Manager, step: int, expected: dict) -> None:
         )
         raise CheckpointError(
             f"checkpoint step {step} in {step_dir} is unreadable after its save ({reason}): set "
-            f"aside as {step_dir}.unreadable; {kept} in {manager.directory}"
+            f"aside as {aside}; {kept} in {manager.directory}"
         ) from None
 
 

@@ -47,6 +47,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -153,41 +154,46 @@ def beam_records(options: Options, beam_args: list[str], tfds_parts: int = 32) -
     started = time.perf_counter()
     tokenizer = tokenization.load_tokenizer(options.vocab_file, do_lower_case=options.do_lower_case)
     plan = make_plan(options, tfds_parts)
-    stats_path = plan.shard_paths[0] + tfrecord_files.STATS_SUFFIX
+    made: list[str] = []  # output directories this run made: removed again if it fails
     for directory in sorted({os.path.dirname(p) for p in plan.shard_paths}):
         tfrecord_files.remove_stale_temporaries(directory or ".")
-        if "://" not in directory:
-            os.makedirs(directory or ".", exist_ok=True)
-    tool.check_writable(stats_path)
+        made += paths.make_directories(directory)
     try:
+        tool.check_writable(plan.shard_paths[0] + tfrecord_files.STATS_SUFFIX)
         if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
             beam_args = [*beam_args, "--default_sdk_harness_log_level=WARNING"]
-        pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
-        beam_pipeline.build(pipeline, options, tokenizer, plan)
-        try:
-            state = pipeline.run().wait_until_finish()
-        except Exception as error:  # noqa: BLE001 - re-raised, as the tool's error if it is one
-            rebuilt = beam_pipeline.input_error_in(error)
-            if rebuilt is None:
-                raise
-            raise rebuilt from None
+        with private_tempdir():
+            pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
+            beam_pipeline.build(pipeline, options, tokenizer, plan)
+            try:
+                state = pipeline.run().wait_until_finish()
+            except Exception as error:  # noqa: BLE001 - re-raised, as the tool's error if one
+                rebuilt = beam_pipeline.input_error_in(error)
+                if rebuilt is None:
+                    raise
+                raise rebuilt from None
         if state not in (None, "DONE"):
             raise RuntimeError(f"the Beam pipeline ended {state}")
         summary = json.loads(_read_text(plan.summary_path))
         if summary["chunks"] == 0:
             raise ValueError(f"no documents in the input {options.input_file or options.corpus}")
         counts = [summary["records_per_shard"].get(str(s), 0) for s in range(len(plan.shard_paths))]
+        # Fewer records than shards: one shard each, as the tool's writer caps them (record g
+        # went to shard g, so the first shards' pieces are that set's, renamed).
+        shard_paths = tfrecord_files.capped_shard_paths(
+            options.output_file, len(plan.shard_paths), sum(counts)
+        ) or plan.shard_paths  # fmt: skip
+        temporaries, counts = plan.temporaries[: len(shard_paths)], counts[: len(shard_paths)]
         for shard, count in enumerate(counts):
             if not count:  # a shard no record went to: empty, as the tool leaves it
-                with tfrecord_files.open_for_writing(
-                    plan.shard_paths[shard], plan.temporaries[shard]
-                ):
+                with tfrecord_files.open_for_writing(shard_paths[shard], temporaries[shard]):
                     pass
-        tfrecord_files.publish_shard_set(plan.temporaries, plan.shard_paths)
+        tfrecord_files.publish_shard_set(temporaries, shard_paths)
     except BaseException:
-        for temporary in plan.temporaries:
+        for temporary in [*plan.temporaries, plan.summary_path]:
             with contextlib.suppress(Exception):
                 tfrecord_files._remove(temporary)
+        paths.remove_empty_directories(made)
         raise
     finally:
         with contextlib.suppress(Exception):
@@ -197,11 +203,32 @@ def beam_records(options: Options, beam_args: list[str], tfds_parts: int = 32) -
     totals = instances.InstanceStats(**summary["totals"])
     masking = collections.Counter(summary["masking"])
     stats = tool.run_stats(
-        options, plan.shard_paths, counts, read, totals, masking, summary["chunks"], seconds
+        options, shard_paths, counts, read, totals, masking, summary["chunks"], seconds
     )
-    tool.write_json_atomically(stats_path, stats)
-    log.info("wrote %d instances to %s in %.1f s", totals.instances, plan.shard_paths, seconds)
+    tool.write_json_atomically(shard_paths[0] + tfrecord_files.STATS_SUFFIX, stats)
+    named = tool.named_outputs(shard_paths)
+    log.info("wrote %d instances to %s in %.1f s", totals.instances, named, seconds)
     return stats
+
+
+@contextlib.contextmanager
+def private_tempdir():
+    """Beam's runner and its worker processes make directories in TMPDIR (`beam-temp*`, `tmp*`,
+    `beam-requirements-cache`) and leave them after every run: inside this block they are
+    made in one directory of this run's, which is removed when the block ends, whether the
+    pipeline succeeded or failed."""
+    directory = tempfile.mkdtemp(prefix="beam_records-")
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = directory  # the workers inherit the variable
+    try:
+        yield directory
+    finally:
+        if saved[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved[0]
+        tempfile.tempdir = saved[1]
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------
@@ -213,6 +240,7 @@ def split_argv(argv: list[str], ours) -> tuple[list[str], list[str]]:
     defines is an error naming it."""
     known: set[str] | None = None
     mine, theirs = argv[:1], []
+    ours = {*ours, *HELP_FLAGS}  # cli.run defines them: --help works without apache-beam
     for arg in argv[1:]:
         name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
         bare = name[2:] if name.startswith("no") else name
@@ -242,6 +270,7 @@ def _beam_option_names() -> set[str]:
     return set(PipelineOptions([]).get_all_options().keys())
 
 
+HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml")
 _BEAM_ARGS: list[str] = []
 
 
@@ -265,7 +294,8 @@ def main(argv: list[str]) -> None:
         stats = beam_records(options, _BEAM_ARGS, f.tfds_parts)
     except (corpora.UndecodableInputError, VocabError, paths.OutputIsInputError) as error:
         raise SystemExit(f"beam_records: {error}") from None
-    except ValueError as error:  # an input without documents, a chunk that cannot pair
+    except (ValueError, OSError) as error:  # a flag out of range, an input without
+        # documents, a chunk that cannot pair, an output that cannot be written
         raise SystemExit(f"beam_records: {error}") from None
     print(json.dumps({k: stats[k] for k in ("documents", "instances", "nsp", "masking")}))
 

@@ -30,9 +30,11 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -253,6 +255,63 @@ def check_output_is_not_input(input_file: str, output_file: str) -> None:
         paths.check_not_an_input(output, inputs)
 
 
+def check_arguments(output_file: str, *, vocab_size: int, num_unused: int, model_type: str):
+    """Refuses, before the corpus is read, what no corpus could make work: one line naming
+    the flag (a model type, a vocabulary size below its special tokens, an output name its
+    model type cannot be written under, an output that is a directory).
+
+    Raises:
+        ValueError: naming the flag and its value.
+    """
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+    if num_unused < 0:
+        raise ValueError(f"--num_unused must be >= 0, got {num_unused}")
+    if model_type == "bpe" and os.path.basename(output_file) != "tokenizer.json":
+        raise ValueError(f"a bpe --output_file must be named tokenizer.json, got {output_file}")
+    if model_type == "sentencepiece" and not output_file.endswith(".model"):
+        raise ValueError(f"a sentencepiece --output_file must end in .model, got {output_file}")
+    if model_type == "wordpiece" and output_file.endswith((".model", ".json")):
+        raise ValueError(
+            f"a wordpiece --output_file is a vocab.txt (one token a line), got {output_file}; "
+            "--model_type=sentencepiece writes a .model, --model_type=bpe a tokenizer.json"
+        )
+    if os.path.isdir(output_file):
+        raise ValueError(f"--output_file={output_file} is a directory; name the file to write")
+    floor = {
+        "wordpiece": (len(special_tokens(num_unused)) + 1, "special tokens and one learned"),
+        # [PAD] [UNK] [CLS] [SEP] [MASK], the unused slots and one learned piece.
+        "sentencepiece": (5 + num_unused + 1, "special tokens and one learned piece"),
+        "bpe": (5 + 256, "special tokens and the 256 bytes a byte-level BPE starts from"),
+    }[model_type]
+    if vocab_size < floor[0]:
+        raise ValueError(
+            f"--vocab_size={vocab_size} is too small for --model_type={model_type}: at least "
+            f"{floor[0]} ({floor[1]})"
+        )
+
+
+def _sentencepiece_error(error: RuntimeError, input_file: str, vocab_size: int) -> str:
+    """sentencepiece's trainer's error (`INTERNAL: src/trainer_interface.cc(744) [...] ...`)
+    as one line naming the flag: what it says after its source location."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    reason = text.split("] ", 1)[-1].strip()
+    too_high = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)",
+                         reason)  # fmt: skip
+    if too_high:
+        return (
+            f"--vocab_size={vocab_size} is more than sentencepiece can learn from {input_file}: "
+            f"at most {too_high.group(2)} (a larger corpus has room for more)"
+        )
+    too_low = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", reason)
+    if too_low:
+        return (
+            f"--vocab_size={vocab_size} is below the {too_low.group(2)} pieces sentencepiece "
+            f"needs for the characters of {input_file} and its special tokens"
+        )
+    return f"sentencepiece cannot train on {input_file} with --vocab_size={vocab_size}: {reason}"
+
+
 def build_vocab(
     input_file: str,
     output_file: str,
@@ -268,25 +327,34 @@ def build_vocab(
         ValueError: bad arguments or an empty corpus.
         FileNotFoundError: an input pattern matches nothing.
     """
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {model_type!r}")
-    if num_unused < 0:
-        raise ValueError(f"--num_unused must be >= 0, got {num_unused}")
     check_output_is_not_input(input_file, output_file)  # before the corpus is read
-    directory = os.path.dirname(output_file)
-    if directory:
-        os.makedirs(directory, exist_ok=True)
+    check_arguments(output_file, vocab_size=vocab_size, num_unused=num_unused,
+                    model_type=model_type)  # fmt: skip
     stats = corpora.ReadStats()
     sentences = iter_sentences(input_file, stats)
+    first = next(sentences, None)  # the input's files are read (and named) before any output
+    if first is None:
+        raise ValueError(
+            f"no text in the input {input_file} (empty, or blank lines only): no vocabulary "
+            "to learn"
+        )
     train = {"wordpiece": train_wordpiece, "sentencepiece": train_sentencepiece,
              "bpe": train_bpe}[model_type]  # fmt: skip
-    size = train(
-        sentences,
-        output_file,
-        vocab_size=vocab_size,
-        do_lower_case=do_lower_case,
-        num_unused=num_unused,
-    )
+    made = paths.make_directories(os.path.dirname(output_file))
+    try:
+        size = train(
+            itertools.chain([first], sentences),
+            output_file,
+            vocab_size=vocab_size,
+            do_lower_case=do_lower_case,
+            num_unused=num_unused,
+        )
+    except BaseException as error:
+        paths.remove_empty_directories(made)
+        if model_type == "sentencepiece" and isinstance(error, RuntimeError):
+            # Its trainer's C++ check, as one line naming the flag.
+            raise ValueError(_sentencepiece_error(error, input_file, vocab_size)) from None
+        raise
     return {
         "vocab_size": size,
         "files": stats.files,
@@ -319,7 +387,9 @@ def main(argv: list[str]) -> None:
             num_unused=f.num_unused,
             model_type=f.model_type,
         )
-    except paths.OutputIsInputError as error:
+    except (ValueError, OSError) as error:
+        # A flag no corpus could satisfy, an empty corpus, an output that is an input or
+        # cannot be written: one line naming it (nothing was written).
         raise SystemExit(f"build_vocab: {error}") from None
     log.info("wrote %s: %s", f.output_file, counts)
 

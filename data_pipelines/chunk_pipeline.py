@@ -95,8 +95,10 @@ class ChunkProcessor:
         chunk = self._tokenize(self._split(documents), stats, options.max_seq_length - 3)
         if len(chunk.documents) < 2:
             raise ValueError(
-                f"chunk {index} has {len(chunk.documents)} non-empty document(s): next "
-                "sentence prediction needs at least 2 (separate documents with blank lines)"
+                f"chunk {index} of {options.input_file or options.corpus} has "
+                f"{len(chunk.documents)} non-empty document(s): next sentence prediction "
+                "needs at least 2 (separate documents with blank lines, or make single "
+                "segments without it: --nonext_sentence)"
             )
         pairs = instances.create_chunk_instances(
             chunk.documents,

@@ -241,14 +241,24 @@ def create_pretraining_data(options: Options) -> dict[str, Any]:
                 progress.set_postfix(instances=totals.instances)
         if chunks_done == 0:
             raise ValueError(f"no documents in the input {options.input_file or options.corpus}")
+        writer.cap_shards()  # fewer instances than --num_output_shards: no empty shard
+    stats_path = writer.paths[0] + tfrecord_files.STATS_SUFFIX
     seconds = time.perf_counter() - started
     stats = run_stats(
         options, writer.paths, writer.counts, read_stats, totals, masking_counts, chunks_done,
         seconds,
     )  # fmt: skip
     write_json_atomically(stats_path, stats)
-    log.info("wrote %d instances to %s in %.1f s", totals.instances, writer.paths, seconds)
+    log.info(
+        "wrote %d instances to %s in %.1f s", totals.instances, named_outputs(writer.paths), seconds
+    )
     return stats
+
+
+def named_outputs(output_files: list[str]) -> str:
+    """The output files for a log line: the first and how many (thousands of shards)."""
+    more = len(output_files) - 1
+    return output_files[0] + (f" and {more} more shard{'s' * (more > 1)}" if more else "")
 
 
 def run_stats(
@@ -270,6 +280,7 @@ def run_stats(
     # Which vocabulary the ids are of, and how the text was cased for it (tokenizer.json:
     # its own normalizer, in its bytes): the runs that read the records check both.
     stats["vocab"] = vocab_fingerprint.fingerprint(options.vocab_file, options.do_lower_case)
+    _warn_of_few_instances(options, output_files, records_per_file)
     if totals.overlong_sentences:
         room = options.max_seq_length - (3 if options.next_sentence else 2)
         done = (
@@ -284,6 +295,31 @@ def run_stats(
             read_stats.longest_line or "in a non-text input", read_stats.longest_line_bytes,
         )  # fmt: skip
     return stats
+
+
+def _warn_of_few_instances(
+    options: Options, output_files: list[str], records_per_file: list[int]
+) -> None:
+    """Says where there were fewer instances than output shards: --num_output_shards capped
+    (`TFRecordShardWriter.cap_shards`), or the listed --output_file names left empty."""
+    instances_made = sum(records_per_file)
+    if not instances_made:
+        log.warning("no instance was made from %s: wrote %s, empty",
+                    options.input_file or options.corpus, named_outputs(output_files))  # fmt: skip
+    elif len(output_files) < options.num_output_shards:
+        log.warning(
+            "--num_output_shards=%d is more than the %d instances made: wrote %d shard(s) of "
+            "one instance each (%s), as --num_output_shards=%d does, instead of %d empty ones",
+            options.num_output_shards, instances_made, len(output_files),
+            named_outputs(output_files), len(output_files),
+            options.num_output_shards - instances_made,
+        )  # fmt: skip
+    elif len(output_files) > 1 and not all(records_per_file):
+        empty = [p for p, n in zip(output_files, records_per_file, strict=True) if not n]
+        log.warning(
+            "--output_file names %d files but %d instances were made: %d of them empty (%s)",
+            len(output_files), instances_made, len(empty), ", ".join(empty),
+        )  # fmt: skip
 
 
 def check_writable(path: str) -> None:
@@ -443,6 +479,10 @@ def main(argv: list[str]) -> None:
         stats = create_pretraining_data(options)
     except (corpora.UndecodableInputError, VocabError, paths.OutputIsInputError) as error:
         # Not a bug to trace: one line naming the file (no output was written).
+        raise SystemExit(f"create_pretraining_data: {error}") from None
+    except (ValueError, OSError) as error:
+        # A flag out of range, an input without documents (or too few to pair), an output
+        # that cannot be written: one line naming it, as beam_records says them.
         raise SystemExit(f"create_pretraining_data: {error}") from None
     except _Terminated:
         sys.stderr.write(

@@ -1,6 +1,8 @@
 """Paths every tool checks the same way: an output that would overwrite one of its inputs
 (`check_not_an_input`), a directory whose name holds glob characters (`check_no_glob`), a
-file pattern that names an existing file literally (`literal_or_glob`).
+file pattern that names an existing file literally (`literal_or_glob`), and the output
+directories a run makes, removed again when it fails (`make_directories`,
+`remove_empty_directories`).
 
 It lives in `data_pipelines`, the lowest package: the data tools, `bert_jax` and the
 entry points in `experiments` all import it from here.
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import glob as globlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 # What glob (Python's, tf.io.gfile's, etils' epath, which Orbax uses on its own
 # directories) reads as a pattern rather than as the characters themselves.
@@ -137,3 +139,26 @@ def glob_in(directory: str, pattern: str, glob=None) -> list[str]:
 
         return (glob or tf.io.gfile.glob)(os.path.join(directory, pattern))
     return (glob or globlib.glob)(os.path.join(globlib.escape(directory), pattern))
+
+
+def make_directories(directory: str) -> list[str]:
+    """Makes local `directory` and its missing parents; returns those it made, deepest first
+    (for `remove_empty_directories` when the run fails). A URL's are left to its writer."""
+    if not directory or "://" in directory:
+        return []
+    missing, current = [], os.path.abspath(directory)
+    while not os.path.exists(current) and current != os.path.dirname(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    os.makedirs(directory, exist_ok=True)
+    return missing
+
+
+def remove_empty_directories(directories: Sequence[str]) -> None:
+    """Removes `directories` (deepest first) while they are empty: a failed run leaves no
+    output directory it made (another writer's file keeps one)."""
+    for directory in directories:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return

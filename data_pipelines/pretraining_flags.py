@@ -70,7 +70,9 @@ def define_flags() -> None:
     flags.DEFINE_integer(
         "num_output_shards",
         defaults.num_output_shards,
-        "Shards to write when one --output_file is given.",
+        "Shards to write when one --output_file is given: at most one per instance (fewer "
+        "instances than this: one shard each, named -of-<instances>, and a warning naming "
+        "both counts, instead of empty shards).",
     )
     flags.DEFINE_integer(
         "num_workers", defaults.num_workers, "Worker processes (the output does not depend on it)."

@@ -44,31 +44,32 @@ class Options:
     show_progress: bool = True  # tqdm progress bar
 
     def validate(self) -> None:
-        """Raises ValueError naming the flag of any value out of range."""
+        """Raises ValueError naming the flag of any value out of range, and the value."""
+        pairs = (
+            "([CLS] A [SEP] B [SEP])"
+            if self.next_sentence
+            else "([CLS] text [SEP], text of 2 tokens or more)"
+        )
         checks = [
-            (
-                self.max_seq_length >= (5 if self.next_sentence else 4),
-                "--max_seq_length must be >= 5 ([CLS] A [SEP] B [SEP])"
-                if self.next_sentence
-                else "--max_seq_length must be >= 4 ([CLS] text [SEP], text of 2 tokens or more)",
-            ),
-            (self.max_predictions_per_seq >= 1, "--max_predictions_per_seq must be >= 1"),
-            (self.dupe_factor >= 1, "--dupe_factor must be >= 1"),
-            (0.0 < self.masked_lm_prob <= 1.0, "--masked_lm_prob must be in (0, 1]"),
-            (0.0 <= self.short_seq_prob <= 1.0, "--short_seq_prob must be in [0, 1]"),
-            (self.num_workers >= 1, "--num_workers must be >= 1"),
-            (self.num_output_shards >= 1, "--num_output_shards must be >= 1"),
-            (self.documents_per_chunk >= 2, "--documents_per_chunk must be >= 2"),
-            (
-                0.0 <= self.max_undecodable_fraction <= 1.0,
-                "--max_undecodable_fraction must be in [0, 1]",
-            ),
-            (self.masking in ("static", "dynamic"), "--masking must be static or dynamic"),
-            (self.corpus in ("", *CORPORA), f"--corpus must be one of {CORPORA}"),
-            (bool(self.corpus) != bool(self.input_file), "give --input_file or --corpus"),
-            (bool(self.output_file), "--output_file is required"),
-            (bool(self.vocab_file), "--vocab_file is required"),
-        ]
-        for ok, message in checks:
+            ("max_seq_length", self.max_seq_length >= (5 if self.next_sentence else 4),
+             f"must be >= {5 if self.next_sentence else 4} {pairs}"),
+            ("max_predictions_per_seq", self.max_predictions_per_seq >= 1, "must be >= 1"),
+            ("dupe_factor", self.dupe_factor >= 1, "must be >= 1"),
+            ("masked_lm_prob", 0.0 < self.masked_lm_prob <= 1.0, "must be in (0, 1]"),
+            ("short_seq_prob", 0.0 <= self.short_seq_prob <= 1.0, "must be in [0, 1]"),
+            ("num_workers", self.num_workers >= 1, "must be >= 1"),
+            ("num_output_shards", self.num_output_shards >= 1, "must be >= 1"),
+            ("documents_per_chunk", self.documents_per_chunk >= 2, "must be >= 2"),
+            ("max_undecodable_fraction", 0.0 <= self.max_undecodable_fraction <= 1.0,
+             "must be in [0, 1]"),
+            ("masking", self.masking in ("static", "dynamic"), "must be static or dynamic"),
+            ("corpus", self.corpus in ("", *CORPORA), f"must be one of {CORPORA}"),
+        ]  # fmt: skip
+        for name, ok, requirement in checks:
             if not ok:
-                raise ValueError(message)
+                raise ValueError(f"--{name} {requirement}, got {getattr(self, name)!r}")
+        if bool(self.corpus) == bool(self.input_file):
+            raise ValueError("give --input_file or --corpus")
+        for name in ("output_file", "vocab_file"):
+            if not getattr(self, name):
+                raise ValueError(f"--{name} is required")

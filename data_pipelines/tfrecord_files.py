@@ -34,6 +34,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from data_pipelines import tfrecord_framing
+from data_pipelines.paths import make_directories, remove_empty_directories
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,18 @@ def shard_paths(output: str | Sequence[str], num_shards: int = 1) -> list[str]:
         if stem.endswith(ext):
             stem, suffix = stem[: -len(ext)], ext
     return [f"{stem}-{i:05d}-of-{num_shards:05d}{suffix}" for i in range(num_shards)]
+
+
+def capped_shard_paths(output: str | Sequence[str], num_shards: int, records: int):
+    """The shard names for `records` records dealt round-robin over `num_shards` shards made
+    from one path, where they fall short: one shard per record (at least one), the set that
+    `num_shards=records` writes, record for record, instead of `num_shards - records` empty
+    shards; None where nothing is capped (records enough, or paths listed one by one, which
+    are written as named)."""
+    single = isinstance(output, str) and len([p for p in output.split(",") if p]) == 1
+    if not single or num_shards <= 1 or records >= num_shards:
+        return None
+    return shard_paths(output, max(records, 1))
 
 
 def temporary_path(path: str) -> str:
@@ -363,6 +376,8 @@ class TFRecordShardWriter:
     """
 
     def __init__(self, output_pattern_or_paths: str | Sequence[str], num_shards: int = 1):
+        self._output = output_pattern_or_paths
+        self._chosen_shards = False  # a write named its shard: the set is not round-robin
         self.paths = shard_paths(output_pattern_or_paths, num_shards)
         if len(set(self.paths)) != len(self.paths):
             raise ValueError(f"duplicate output paths: {self.paths}")
@@ -371,10 +386,12 @@ class TFRecordShardWriter:
         self._next_shard = 0
         self._closed = False
         self._files: list = []
+        self._made: list[str] = []  # output directories this writer created, deepest first
         path = self.paths[0]
         try:
             for directory in sorted({os.path.dirname(p) for p in self.paths}):
                 remove_stale_temporaries(directory or ".")
+                self._made += make_directories(directory)
             for path, temporary in zip(self.paths, self._temporary, strict=True):
                 self._files.append(_open_for_writing(path, temporary))
         except Exception as error:
@@ -393,6 +410,8 @@ class TFRecordShardWriter:
         if shard is None:
             shard = self._next_shard
             self._next_shard = (shard + 1) % len(self._files)
+        else:
+            self._chosen_shards = True
         self._files[shard].write(tfrecord_framing.frame_records([record])[0])
         self.counts[shard] += 1
 
@@ -411,6 +430,25 @@ class TFRecordShardWriter:
             self._next_shard = (shard + 1) % shards
             self._files[shard].write(record)
             self.counts[shard] += 1
+
+    def cap_shards(self) -> bool:
+        """Where fewer records than shards were dealt round-robin from one path, keeps one
+        shard per record (`capped_shard_paths`: the set `num_shards=<records>` writes) and
+        drops the empty rest. Returns whether it capped; call it before `close`."""
+        capped = None if self._chosen_shards else capped_shard_paths(
+            self._output, len(self.paths), self.total
+        )  # fmt: skip
+        if capped is None:
+            return False
+        keep = len(capped)
+        for f in self._files[keep:]:
+            f.close()
+        for temporary in self._temporary[keep:]:
+            _remove_quietly(temporary)
+        self._files, self._temporary = self._files[:keep], self._temporary[:keep]
+        self.paths, self.counts = capped, self.counts[:keep]
+        self._next_shard = 0
+        return True
 
     def close(self) -> list[str]:
         """Flushes every shard and renames the set to its final names; returns them.
@@ -442,6 +480,7 @@ class TFRecordShardWriter:
                 pass
         for temporary in self._temporary:
             _remove_quietly(temporary)
+        remove_empty_directories(self._made)
 
     def __enter__(self) -> TFRecordShardWriter:
         return self

@@ -216,10 +216,11 @@ def build_pipeline(
     return tokenizer
 
 
-def write_class_table() -> str:
-    """Scans this interpreter's Unicode classes and writes their table; returns its path."""
-    path = _class_table_path(unicodedata.unidata_version)
-    os.makedirs(_CLASS_TABLE_DIR, exist_ok=True)
+def write_class_table(directory: str = _CLASS_TABLE_DIR) -> str:
+    """Scans this interpreter's Unicode classes and writes their table into `directory` (by
+    default the package's, which ships one per Unicode version); returns its path."""
+    path = os.path.join(directory, os.path.basename(_class_table_path(unicodedata.unidata_version)))
+    os.makedirs(directory, exist_ok=True)
     with open(path + ".incomplete", "w", encoding="utf-8") as f:
         json.dump(dataclasses.asdict(_scan_char_classes()), f, indent=1)
         f.write("\n")
@@ -227,5 +228,23 @@ def write_class_table() -> str:
     return path
 
 
+def main(argv: list[str]) -> None:
+    """Entry point: writes this interpreter's table (a Python whose Unicode is newer than
+    any shipped table's needs one: `unicode-<version>.json`)."""
+    from absl import app, flags
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    print(f"wrote {write_class_table(flags.FLAGS.output_dir)}")
+
+
 if __name__ == "__main__":
-    print(f"wrote {write_class_table()}")
+    from absl import flags
+
+    from data_pipelines import cli
+
+    flags.DEFINE_string(
+        "output_dir", _CLASS_TABLE_DIR, "Where to write unicode-<version>.json (default: the "
+        "package's unicode_classes/, which the tokenizers read)."
+    )  # fmt: skip
+    cli.run(main)
