@@ -27,7 +27,8 @@ Usage:
 The package: `names` (BERT's table naming every parameter in our, HF and Google layouts, and
 `Family`, what the generic code reads of a family), `modernbert` (ModernBERT's table and
 config.json), `families` (which family a config or config.json is), `readers` (the formats
-on disk, read as a `Source`, and params-only Orbax), `load` (`load_pretrained`,
+on disk, read as a `Source`, and params-only Orbax), `locations` (which model a location
+means, and the rule that a model directory reads only its own files), `load` (`load_pretrained`,
 `load_source`: a Source into one of our models) and `export` (HF safetensors);
 `python -m bert_jax.convert` is the command line (`__main__`).
 """
@@ -58,6 +59,7 @@ _SUBMODULES = (
     "export",
     "families",
     "load",
+    "locations",
     "modernbert",
     "names",
     "output_dir",

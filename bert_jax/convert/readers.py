@@ -420,12 +420,13 @@ def _given(path: str | os.PathLike) -> str:
 
 
 def detect_format(path: str | os.PathLike) -> str:
-    """'hf', 'tf', 'orbax' (params-only) or 'train_state' for a checkpoint path.
+    """'hf', 'tf', 'orbax' (params-only) or 'train_state' for a model location (of the
+    directory `locations.resolve` finds there).
 
     Raises:
       ConversionError: when `path` is none of them.
     """
-    path = _given(path)
+    path = locations.resolve(_given(path))  # a fine-tuning workdir: its checkpoint/, ...
     if "://" not in path and not os.path.exists(path) and not os.path.exists(path + ".index"):
         raise ConversionError(
             f"{path}: no such path (expected a Hugging Face directory, a Google TF checkpoint, "
