@@ -202,7 +202,7 @@ FINETUNE: dict[str, Bound] = {
     "init_from": Text("the pretrained encoder"),
     "bert_config_file": Text("replaces the config beside init_from"),
     "vocab_file": Text("'': the vocab beside init_from"),
-    "do_lower_case": Flag("lower-case the text"),
+    "do_lower_case": Flag("lower-case the text", none="the encoder's casing"),
     "allow_vocab_change": Flag("a vocab_file other than the encoder's own"),
     "from_scratch": Flag("random weights (the baseline)"),
     "model_overrides.hidden_dropout_prob": Prob("dropout", open_high=True, none="the checkpoint's"),

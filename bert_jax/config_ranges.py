@@ -148,8 +148,8 @@ def Enum(meaning, choices, *, none="") -> Bound:  # noqa: N802
     return Bound(meaning, "enum", choices=tuple(choices), none=none)
 
 
-def Flag(meaning) -> Bound:  # noqa: N802
-    return Bound(meaning, "bool")
+def Flag(meaning, *, none="") -> Bound:  # noqa: N802
+    return Bound(meaning, "bool", none=none)
 
 
 def Text(meaning, *, none="") -> Bound:  # noqa: N802

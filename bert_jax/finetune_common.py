@@ -117,12 +117,16 @@ def load_task_model(config: ml_collections.ConfigDict, module: nn.Module) -> Tas
 
     Reads `init_from`, `from_scratch`, `bert_config_file`, `model_overrides` (None values
     keep the checkpoint's), `vocab_file` (default: the one beside the checkpoint),
-    `do_lower_case`, and `seed`/`prng_impl` through the init key of `run_keys`.
+    `do_lower_case` (None: the encoder's, `encoder_vocab.resolve_casing`; the casing used
+    is written back to it), and `seed`/`prng_impl` through the init key of `run_keys`.
 
     Raises:
         ValueError: no vocab found, or one with more tokens than the model has embeddings
             (their ids would read past the table).
+        vocab_fingerprint.VocabMismatchError: another vocabulary or casing than the
+            encoder's.
     """
+    from bert_jax import encoder_vocab
     from data_pipelines import vocab_fingerprint
     from data_pipelines.tokenization import load_tokenizer
 
@@ -142,16 +146,26 @@ def load_task_model(config: ml_collections.ConfigDict, module: nn.Module) -> Tas
             "--config.vocab_file"
         )
     check_seq_length(config.get("max_seq_length"), bert_config, config.init_from)
+    # The encoder's casing (its fingerprint, tokenizer_config.json, finetuned.json), a flag
+    # that says otherwise refused; written back so every result file records the one used.
+    config.do_lower_case = encoder_vocab.resolve_casing(
+        config.init_from, config.do_lower_case, vocab_file, "--config.do_lower_case"
+    )
     tokenizer = load_tokenizer(vocab_file, do_lower_case=config.do_lower_case)
     if tokenizer.vocab_size > bert_config.vocab_size:
-        raise ValueError(f"{vocab_file} has {tokenizer.vocab_size} tokens > the model's "
-                         f"vocab_size {bert_config.vocab_size}")  # fmt: skip
+        raise vocab_fingerprint.VocabMismatchError(
+            f"{vocab_file} has {tokenizer.vocab_size} tokens > the model's vocab_size "
+            f"{bert_config.vocab_size}: its ids past the table would embed nothing"
+        )
     # What the final save checks, checked before training: a vocab it cannot copy fails now.
     convert.check_vocab(vocab_file, bert_config)
-    if config.vocab_file and found_vocab and not config.from_scratch:
-        # The encoder's embedding rows are its own vocabulary's ids.
+    # The encoder's embedding rows are its own vocabulary's ids: the one it saved.
+    made_with = encoder_vocab.saved_fingerprint(config.init_from) if config.vocab_file else None
+    if made_with is None and config.vocab_file and found_vocab:
+        made_with = vocab_fingerprint.fingerprint(found_vocab)
+    if made_with is not None and not config.from_scratch:
         vocab_fingerprint.check_same_vocab(
-            vocab_fingerprint.fingerprint(found_vocab),
+            made_with,
             vocab_file,
             f"the encoder in {config.init_from}",
             "allow_vocab_change",
@@ -255,7 +269,12 @@ def setup(
     check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
     per_epoch = steps_per_epoch(num_train, config.train_batch_size)
     if per_epoch == 0:
-        raise ValueError(f"{num_train} {what} < train_batch_size")
+        from bert_jax.config import ConfigError
+
+        raise ConfigError(
+            f"{num_train} {what} < --config.train_batch_size={config.train_batch_size}: not "
+            "one full batch to train on (a partial batch is dropped); give a smaller batch"
+        )
     num_steps = per_epoch * config.num_epochs
     tx, schedule = make_optimizer(
         config.learning_rate, num_steps, warmup_proportion=config.warmup_proportion,
@@ -471,11 +490,36 @@ def save_finetuned(
 
     readers.check_orbax_output(directory)
     convert.check_vocab(vocab_file, config)
+    metadata = with_casing(metadata, vocab_file)
     with convert.writing_dir(directory, overwrite=True) as tmp:
         readers.write_params(tmp, config, params, vocab_file=vocab_file)
         write_json(os.path.join(tmp, FINETUNED_FILE), metadata)
+        _write_casing(tmp, metadata.get("do_lower_case"))
     log.info("Saved the fine-tuned model to %s", directory)
     return directory
+
+
+def with_casing(metadata: dict, vocab_file: str | None) -> dict:
+    """`metadata` with the `do_lower_case` the model reads text with: its own, else the one
+    recorded for the encoder it started from (`init_from`; fine-tuning refuses another)."""
+    from bert_jax import encoder_vocab
+
+    if isinstance(metadata.get("do_lower_case"), bool) or not metadata.get("init_from"):
+        return metadata
+    if vocab_file and encoder_vocab.is_tokenizer_json(vocab_file):
+        return metadata  # its own normalizer decides
+    lower, _ = encoder_vocab.saved_casing(metadata["init_from"])
+    return metadata if lower is None else {**metadata, "do_lower_case": lower}
+
+
+def _write_casing(directory: str, lower: bool | None) -> None:
+    """A tokenizer_config.json saying `lower` beside a vocab.txt or .model that has none, so
+    that `embed`, `convert` and transformers read text with the casing the model was
+    trained with."""
+    path = os.path.join(directory, "tokenizer_config.json")
+    if isinstance(lower, bool) and not os.path.exists(path):
+        if not os.path.exists(os.path.join(directory, "tokenizer.json")):
+            write_json(path, {"do_lower_case": lower})
 
 
 def check_can_save(workdir: str, command: str) -> None:
@@ -508,9 +552,10 @@ class Stopped(KeyboardInterrupt):
     """SIGTERM or Ctrl-C stopped a fine-tuning run (`stopping_on_signals`); `outcome` says
     what of its results was saved."""
 
-    def __init__(self, signum: int, outcome: str = ""):
+    def __init__(self, signum: int, outcome: str = "", saved: bool = False):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.saved = saved  # the run's results were all written before it stopped
         self.outcome = outcome or (
             "during training: nothing of this run was saved (a fine-tuning run writes its "
             "model and final metrics at its end); rerun it"
@@ -577,4 +622,6 @@ def final_save(what: str) -> Iterator[None]:
         _FINAL_SAVE.active = False
     pending, _FINAL_SAVE.pending = _FINAL_SAVE.pending, None
     if pending is not None:
-        raise Stopped(pending, f"during the final save, which completed first: {what} are written")
+        raise Stopped(
+            pending, f"during the final save, which completed first: {what} are written", True
+        )

@@ -201,11 +201,12 @@ def run(
     vocab_file: str | None = None,
     bert_config_file: str | None = None,
     max_seq_length: int = 128,
-    do_lower_case: bool = True,
+    do_lower_case: bool | None = None,
     batch_size: int = 32,
 ) -> int:
-    """The whole tool; returns the number of lines written."""
-    from bert_jax import convert
+    """The whole tool; returns the number of lines written. `do_lower_case` None: the
+    casing the checkpoint was made with (`encoder_vocab.resolve_casing`), else True."""
+    from bert_jax import convert, encoder_vocab
     from bert_jax.config import BertConfig
     from bert_jax.model import BertModel
     from data_pipelines.tokenization import load_tokenizer
@@ -218,13 +219,15 @@ def run(
         model=BertModel(BertConfig(), add_pooling_layer=False),
         config_file=bert_config_file,
     )
-    vocab_file = vocab_file or found_vocab
+    given_vocab, vocab_file = vocab_file, vocab_file or found_vocab
     if vocab_file is None:
         raise ValueError(
             f"--vocab_file is required: no vocab.txt, tokenizer.json or .model beside "
             f"{init_checkpoint}"
         )
     convert.check_vocab(vocab_file, config)  # ids past vocab_size would give NaN features
+    if given_vocab:  # of the same size it would read without an error, as other tokens
+        encoder_vocab.check_model_vocab(init_checkpoint, given_vocab)
     if not 3 <= max_seq_length <= config.max_position_embeddings:
         raise ValueError(
             f"--max_seq_length={max_seq_length} must be in [3, max_position_embeddings="
@@ -233,10 +236,14 @@ def run(
     if batch_size < 1:
         raise ValueError(f"--batch_size={batch_size} must be positive")
     layer_indexes = parse_layers(layers, config.num_hidden_layers)
+    do_lower_case = encoder_vocab.resolve_casing(
+        init_checkpoint, do_lower_case, vocab_file, "--do_lower_case"
+    )
     tokenizer = load_tokenizer(vocab_file, do_lower_case=do_lower_case)
     examples = read_examples(input_file)
     features = convert_examples(examples, tokenizer, max_seq_length)
-    log.info("%d examples from %s; %s", len(features), input_file, tokenizer)
+    log.info("%d examples from %s; %s, do_lower_case=%s", len(features), input_file,
+             tokenizer, do_lower_case)  # fmt: skip
     outputs = extract(features, config, params, layer_indexes, batch_size=batch_size,
                       seq_length=max_seq_length, pad_id=tokenizer.pad_id)  # fmt: skip
     write_lines(output_file, (to_json(f, v, layer_indexes) for f, v in outputs))
@@ -275,8 +282,10 @@ def _define_flags():
     )
     flags.DEFINE_bool(
         "do_lower_case",
-        True,
-        "Lower-case the input (uncased vocab.txt or .model; a tokenizer.json normalizes itself).",
+        None,
+        "Lower-case the input (uncased vocab.txt or .model; a tokenizer.json normalizes "
+        "itself); default: the casing the checkpoint was made with, else yes; another is "
+        "refused.",
     )
     flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.")
     flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
@@ -298,6 +307,15 @@ def main(argv):
                                   f.vocab_file, f.bert_config_file)  # fmt: skip
     except paths.OutputIsInputError as error:
         raise SystemExit(f"extract_features: {error}") from None
+    from data_pipelines.vocab_fingerprint import VocabMismatchError
+
+    try:
+        _run_flags(f)
+    except VocabMismatchError as error:  # another casing than the checkpoint's: one line
+        raise SystemExit(f"extract_features: {error}") from None
+
+
+def _run_flags(f) -> None:
     run(
         f.input_file,
         f.output_file,

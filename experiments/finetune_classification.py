@@ -239,7 +239,39 @@ def encode_splits(
     }
     if features["train"].labels is None:
         raise ValueError(f"{task.name} train split has no labels")
+    check_train_labels(task, features["train"].labels)
     return features
+
+
+def check_train_labels(task: SentenceTask, labels: np.ndarray) -> None:
+    """Logs the label set with each class's count in the training split, and refuses one
+    that cannot teach anything: a single class (or a single regression target), which
+    trains to loss 0 and predicts it everywhere.
+
+    Raises:
+        TaskDataError: naming the task, the one label and the number of examples.
+    """
+    from data_pipelines.tasks.formats import TaskDataError
+
+    if task.labels is None:
+        values = np.unique(labels)
+        logging.info("%s: %d regression targets in [%g, %g]", task.name, len(labels),
+                     labels.min(), labels.max())  # fmt: skip
+        if len(values) < 2 and len(labels) > 1:
+            raise TaskDataError(f"{task.name}: every one of the {len(labels)} training targets "
+                                f"is {values[0]:g}: nothing to regress on")  # fmt: skip
+        return
+    counts = np.bincount(labels, minlength=len(task.labels))
+    shown = ", ".join(f"{n!r} ({c})" for n, c in zip(task.labels, counts, strict=True))
+    logging.info("%s: %d labels (training examples of each): %s", task.name, len(task.labels),
+                 shown)  # fmt: skip
+    present = [name for name, count in zip(task.labels, counts, strict=True) if count]
+    if len(present) < 2:
+        raise TaskDataError(
+            f"{task.name}: all {len(labels)} training examples have the label {present[0]!r}: "
+            "a single class trains to loss 0 and predicts it everywhere. Give examples of "
+            f"at least two classes (the task's labels: {list(task.labels)})"
+        )
 
 
 def describe(
@@ -256,6 +288,7 @@ def describe(
         "init_from": config.init_from,
         "init_step": init_step,  # of a pretraining workdir: the checkpoint it read
         "from_scratch": config.from_scratch,
+        "do_lower_case": config.do_lower_case,  # the encoder's, as load_task_model found it
         "num_examples": {s: len(f) for s, f in features.items()},
         "num_truncated": {s: f.num_truncated for s, f in features.items()},
         "max_seq_length": config.max_seq_length,

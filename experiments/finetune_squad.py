@@ -167,6 +167,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "version": config.version,
         "init_from": config.init_from,
         "init_step": init_step,  # of a pretraining workdir: the checkpoint it read
+        "do_lower_case": config.do_lower_case,  # the encoder's, as load_task_model found it
         "num_examples": {"train": len(train_examples), "eval": len(eval_examples)},
         "num_windows": {"train": len(train), "eval": len(evaluation)},
         "num_split_over_windows": {"train": train.num_split, "eval": evaluation.num_split},

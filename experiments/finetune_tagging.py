@@ -111,6 +111,26 @@ def load_task(config: ml_collections.ConfigDict) -> TaggingTask:
     return task
 
 
+def check_train_tags(task: TaggingTask) -> None:
+    """Logs the tag set with each tag's count in the training split, and refuses a split
+    of one tag (every word "O"): it trains to loss 0 and tags nothing.
+
+    Raises:
+        TaskDataError: naming the task, the one tag and the number of words.
+    """
+    from collections import Counter
+
+    from data_pipelines.tasks.formats import TaskDataError
+
+    counts = Counter(tag for example in task.splits["train"] for tag in example.tags or ())
+    logging.info("%s: %d tags (training words of each): %s", task.name, len(task.tags),
+                 ", ".join(f"{t} ({counts[t]})" for t in task.tags))  # fmt: skip
+    if len(counts) == 1:
+        ((tag, words),) = counts.items()
+        raise TaskDataError(f"{task.name}: all {words} training words are tagged {tag!r}: a "
+                            "single tag trains to loss 0 and tags nothing else")  # fmt: skip
+
+
 def encode_splits(task: TaggingTask, tokenizer, max_seq_length: int) -> dict[str, TaggingFeatures]:
     return {
         split: encode_tagged(
@@ -208,6 +228,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     start_time = time.time()
     os.makedirs(workdir, exist_ok=True)
     task = load_task(config)
+    check_train_tags(task)
     model, _, params, tokenizer, _, init_step = common.load_task_model(
         config, BertForTokenClassification(BertConfig(), len(task.tags))
     )
@@ -238,6 +259,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
     results = describe(task, features, config, init_step) | {
         "from_scratch": config.from_scratch,
+        "do_lower_case": config.do_lower_case,  # the encoder's, as load_task_model found it
         "num_train_steps": num_steps,
     }
     logging.info("%s: %d train sentences, %d tags, %d steps of %d", task.name, len(train),

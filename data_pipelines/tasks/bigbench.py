@@ -45,7 +45,7 @@ import logging
 import os
 
 from data_pipelines import registry
-from data_pipelines.tasks.formats import SentenceExample, TaskDataError
+from data_pipelines.tasks.formats import SentenceExample, TaskDataError, read_text
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,7 @@ def task_files(
 
 def _load_json(path: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise TaskDataError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
 

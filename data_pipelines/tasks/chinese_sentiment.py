@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import io
 import logging
 import os
 
 import numpy as np
 
-from data_pipelines.tasks.formats import SentenceExample, TaskDataError
+from data_pipelines.tasks.formats import SentenceExample, TaskDataError, read_text
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +48,7 @@ def default_dir() -> str:
 
 
 def _read_lines(path: str) -> tuple[list[str], int]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = [line.strip() for line in f]
-    except FileNotFoundError:
-        raise TaskDataError(f"{path}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise TaskDataError(f"{path}: not UTF-8 ({e})") from None
+    lines = [line.strip() for line in io.StringIO(read_text(path))]  # as open() splits them
     return [line for line in lines if line], sum(not line for line in lines)
 
 

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 
-from data_pipelines.tasks.formats import TaggingExample, TaskDataError
+from data_pipelines.tasks.formats import TaggingExample, TaskDataError, read_text
 
 _TAG = re.compile(r"^(O|[BIES]-\S+)$")
 DOCSTART = "-DOCSTART-"
@@ -24,13 +24,7 @@ def read_conll(
 ) -> list[TaggingExample]:
     """The sentences of a CoNLL file; each guid is `<file name>:<line of its first token>`."""
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        raise TaskDataError(f"{path}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise TaskDataError(f"{path}: not UTF-8 ({e})") from None
+    lines = read_text(path).splitlines()  # a BOM dropped; not UTF-8: named by its line
     return parse_conll(lines, os.path.basename(path), tag_column=tag_column,
                        min_columns=min_columns, display=path)  # fmt: skip
 

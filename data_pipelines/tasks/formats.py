@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import os
 from collections.abc import Iterator, Sequence
 
@@ -43,17 +44,44 @@ class TaggingExample:
     tags: tuple[str, ...] | None
 
 
+def read_text(path: str | os.PathLike) -> str:
+    """The text of a UTF-8 file, a byte-order mark (Excel's "UTF-8 with BOM") dropped.
+
+    Raises:
+        TaskDataError: no such file, or bytes that are not UTF-8, naming the file and the
+            1-based line that holds them.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise TaskDataError(f"{path}: no such file") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise TaskDataError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[error.start]:02x} at column {column}: "
+            f"{error.reason}); save the file as UTF-8"
+        ) from None
+
+
+def open_text(path: str | os.PathLike) -> io.StringIO:
+    """`read_text` as a file to read (newlines as written: csv reads them itself)."""
+    return io.StringIO(read_text(path), newline="")
+
+
 def read_tsv(path: str | os.PathLike, *, skip_header: bool) -> Iterator[tuple[int, list[str]]]:
     """Yields (1-based line number, fields) of a tab-separated file, quotes kept as text.
 
     GLUE files are not CSV-quoted (a sentence may start with a quote that never closes),
-    so quoting is off, as the original BERT reader has it.
+    so quoting is off, as the original BERT reader has it. A byte-order mark is dropped;
+    bytes that are not UTF-8 are an error naming the line.
     """
     path = os.fspath(path)
-    try:
-        f = open(path, encoding="utf-8", newline="")
-    except FileNotFoundError:
-        raise TaskDataError(f"{path}: no such file") from None
+    f = open_text(path)
     with f:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         try:
@@ -61,8 +89,6 @@ def read_tsv(path: str | os.PathLike, *, skip_header: bool) -> Iterator[tuple[in
                 if skip_header and reader.line_num == 1:
                     continue
                 yield reader.line_num, row
-        except UnicodeDecodeError as e:
-            raise TaskDataError(f"{path}: not UTF-8 near line {reader.line_num + 1} ({e})") from e
         except csv.Error as e:
             raise TaskDataError(f"{path}:{reader.line_num}: {e}") from e
 

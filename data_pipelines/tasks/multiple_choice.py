@@ -31,7 +31,7 @@ import numpy as np
 
 from data_pipelines import registry
 from data_pipelines.tasks import bigbench
-from data_pipelines.tasks.formats import TaskDataError
+from data_pipelines.tasks.formats import TaskDataError, read_text
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,7 @@ def read_bigbench_choices(path: str) -> list[MultipleChoiceExample]:
     """A BIG-bench multiple-choice task.json: `input` is the context, `target_scores`'
     keys the endings (in file order) with exactly one scored 1."""
     try:
-        with open(path, encoding="utf-8") as f:
-            examples = json.load(f).get("examples")
+        examples = json.loads(read_text(path)).get("examples")
     except json.JSONDecodeError as e:
         raise TaskDataError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
     if not isinstance(examples, list) or not examples:

@@ -19,7 +19,7 @@ import csv
 import json
 import os
 
-from data_pipelines.tasks.formats import SentenceExample, TaskDataError
+from data_pipelines.tasks.formats import SentenceExample, TaskDataError, open_text
 
 LABEL_TYPES = ("auto", "class", "number")
 _FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
@@ -33,15 +33,24 @@ def _format(path: str) -> str:
     return kind
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's keys, each once (json.loads keeps the last of a repeated key)."""
+    keys = [k for k, _ in pairs]
+    if twice := next((k for k in keys if keys.count(k) > 1), None):
+        raise _DuplicateKey(twice)
+    return dict(pairs)
+
+
 def read_rows(path: str) -> list[tuple[int, dict]]:
     """(1-based line, {column: value}) of every non-empty row of `path`."""
     if os.path.isdir(path):
         raise TaskDataError(f"{path}: a directory, not a TSV, CSV or JSONL file")
     kind = _format(path)
-    try:
-        f = open(path, encoding="utf-8", newline="")
-    except FileNotFoundError:
-        raise TaskDataError(f"{path}: no such file") from None
+    f = open_text(path)  # a BOM (Excel's "UTF-8") dropped; not UTF-8: named by its line
     rows = []
     with f:
         if kind == "jsonl":
@@ -49,7 +58,10 @@ def read_rows(path: str) -> list[tuple[int, dict]]:
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
+                    row = json.loads(line, object_pairs_hook=_unique_keys)
+                except _DuplicateKey as error:
+                    raise TaskDataError(f"{path}:{number}: the key {error.args[0]!r} is given "
+                                        "twice: which one is it?") from None  # fmt: skip
                 except json.JSONDecodeError as error:
                     raise TaskDataError(f"{path}:{number}: not JSON ({error.msg}, column "
                                         f"{error.colno})") from None  # fmt: skip
@@ -69,6 +81,10 @@ def read_rows(path: str) -> list[tuple[int, dict]]:
                 if "text" not in header:
                     raise TaskDataError(f"{path}:{number}: the header {header} has no 'text' "
                                         "column (expected text[, text_b], label)")  # fmt: skip
+                if twice := sorted({h for h in header if header.count(h) > 1}):
+                    raise TaskDataError(f"{path}:{number}: the header names {twice[0]!r} "
+                                        f"{header.count(twice[0])} times: which column is "
+                                        "it? Give each column its own name")  # fmt: skip
                 continue
             if len(fields) != len(header):
                 raise TaskDataError(f"{path}:{number}: {len(fields)} fields, the header has "
@@ -105,8 +121,11 @@ def read_examples(path: str, *, labeled: bool) -> list[SentenceExample]:
     return examples
 
 
-def label_set(train: list[SentenceExample], labels: str = "", label_type: str = "auto"):
-    """(class names in id order, or None to regress on numbers)."""
+def label_set(
+    train: list[SentenceExample], labels: str = "", label_type: str = "auto", where: str = ""
+):
+    """(class names in id order, or None to regress on numbers); `where`: the training
+    file, for the messages."""
     if label_type not in LABEL_TYPES:
         raise ValueError(f"label_type={label_type!r}: one of {', '.join(LABEL_TYPES)}")
     values = [e.label for e in train]
@@ -116,11 +135,35 @@ def label_set(train: list[SentenceExample], labels: str = "", label_type: str = 
     ):
         if not numbers:
             bad = next(v for v in values if not _is_number(v))
-            raise ValueError(f"label_type='number' but the training label {bad!r} is not one")
+            raise TaskDataError(f"{where or 'the training file'}: label_type='number' but "
+                                f"the training label {bad!r} is not a number")  # fmt: skip
         return None
     if labels:
         return tuple(x.strip() for x in labels.split(","))
+    check_spellings(set(values), where)
     return tuple(sorted(set(values)))
+
+
+def check_spellings(labels: set[str], where: str = "") -> None:
+    """Refuses class labels that are one number spelled several ways ("1", "01", "1.0"):
+    each spelling would be a class of its own.
+
+    Raises:
+        TaskDataError: naming every spelling of each such number.
+    """
+    by_value: dict[float, list[str]] = {}
+    for label in labels:
+        if _is_number(label):
+            by_value.setdefault(float(label), []).append(label)
+    clashes = [sorted(spellings) for spellings in by_value.values() if len(spellings) > 1]
+    if clashes:
+        shown = "; ".join(" = ".join(repr(s) for s in c) for c in sorted(clashes))
+        raise TaskDataError(
+            f"{where or 'the training file'}: labels that are one number spelled several ways "
+            f"({shown}) would be "
+            f"{sum(map(len, clashes))} classes: write each class one way (or give "
+            "--config.labels, or --config.label_type=number to regress on them)"
+        )
 
 
 def check_labels(examples, path: str, classes) -> list[SentenceExample]:

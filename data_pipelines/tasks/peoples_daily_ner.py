@@ -17,6 +17,7 @@ BERT vocabularies hold single characters). The split, fixed here: a seeded permu
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import os
 from collections.abc import Iterable
@@ -24,7 +25,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from data_pipelines.embedded_corpora import peoples_daily_path, split_words_into_sentences
-from data_pipelines.tasks.formats import TaggingExample, TaskDataError
+from data_pipelines.tasks.formats import TaggingExample, TaskDataError, read_text
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,8 @@ def load(path: str | None = None) -> PeoplesDailyNerData:
     """The fixed train/dev/test split (see the module docstring)."""
     path = path or peoples_daily_path()
     try:
-        with open(path, encoding="utf-8") as f:
-            sentences = parse(f, os.path.basename(path))
+        lines = io.StringIO(read_text(path))  # lines as open() splits them, a BOM dropped
+        sentences = parse(lines, os.path.basename(path))
     except FileNotFoundError:
         raise TaskDataError(f"{path}: no such file") from None
     if len(sentences) <= TEST_SIZE + DEV_SIZE:

@@ -112,7 +112,7 @@ def own_task(
     if not train_file:
         raise ValueError("task 'files': give --config.train_file (a TSV, CSV or JSONL file)")
     train = own_files.read_examples(train_file, labeled=True)
-    classes = own_files.label_set(train, labels, label_type)
+    classes = own_files.label_set(train, labels, label_type, train_file)
     splits = {"train": own_files.check_labels(train, train_file, classes)}
     if dev_file:
         dev = own_files.read_examples(dev_file, labeled=True)

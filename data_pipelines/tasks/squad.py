@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from data_pipelines.tasks.formats import TaskDataError
+from data_pipelines.tasks.formats import TaskDataError, read_text
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,7 @@ def read_squad(
     """The questions of an official SQuAD JSON file (v1.1 or v2.0)."""
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(read_text(path))
     except FileNotFoundError:
         raise TaskDataError(f"{path}: no such file") from None
     except json.JSONDecodeError as e:

@@ -34,7 +34,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
-from data_pipelines.tasks.formats import TaskDataError
+from data_pipelines.tasks.formats import TaskDataError, read_text
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,7 @@ def normalize_text(text: str) -> str:
 def _load(path: str | os.PathLike) -> tuple[str, dict]:
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            return path, json.load(f)
+        return path, json.loads(read_text(path))
     except FileNotFoundError:
         raise TaskDataError(f"{path}: no such file") from None
     except json.JSONDecodeError as e:

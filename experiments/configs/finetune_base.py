@@ -49,7 +49,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.init_from = ""  # HF dir, TF checkpoint, Orbax params or pretraining workdir
     config.bert_config_file = ""  # replaces the config found beside init_from
     config.vocab_file = ""  # "" = the vocab beside init_from (a workdir: its config's)
-    config.do_lower_case = True  # False for cased checkpoints
+    # None: the encoder's casing (its finetuned.json, tokenizer_config.json or saved
+    # fingerprint; else True); a value that contradicts the encoder's is refused.
+    config.do_lower_case = placeholder(bool)
     config.allow_vocab_change = False  # True: vocab_file may differ from the encoder's own
     config.from_scratch = False  # True: random weights in the same architecture (baseline)
     config.model_overrides = ml_collections.ConfigDict()
