@@ -42,6 +42,7 @@ class _HelpFlag(app.HelpFlag):
     def parse(self, arg):
         if self._parse(arg):
             app.usage(shorthelp=True, writeto_stdout=True)
+            print(config_keys_help(sys.argv), end="")
             print("\nTry --helpfull to get a list of all flags.")
             sys.exit(0)
 
@@ -59,7 +60,115 @@ class _HelpfullFlag(app.HelpfullFlag):
     def parse(self, arg):
         if self._parse(arg):
             app.usage(writeto_stdout=True)
+            print(config_keys_help(sys.argv), end="")
             sys.exit(0)
+
+
+# `config.key = value  # what it is`, or the comment lines just above the assignment.
+_CONFIG_LINE = re.compile(r"^\s*config\.([\w.]+)\s*=[^#]*?(?:#\s*(.*))?$")
+
+
+def _config_comments(paths: list[str]) -> dict[str, str]:
+    """Each `config.<key>`'s comment in the config files `paths` (the first file that has one
+    wins): the one beside the assignment, else the comment lines just above it."""
+    comments: dict[str, str] = {}
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        above: list[str] = []
+        for line in lines:
+            stripped = line.strip()
+            if stripped.startswith("#"):
+                above.append(stripped.lstrip("#").strip())
+                continue
+            match = _CONFIG_LINE.match(line)
+            if match and match.group(1) not in comments:
+                text = match.group(2) or " ".join(above)
+                if text:
+                    comments[match.group(1)] = text
+            above = []
+    return comments
+
+
+def _config_path(argv: list[str], name: str, default: str | None) -> str | None:
+    """The value of `--<name>=...` / `--<name> ...` in `argv` (the last one), else `default`."""
+    found = default
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{name}="):
+            found = arg.split("=", 1)[1]
+        elif arg == f"--{name}" and i + 1 < len(argv):
+            found = argv[i + 1]
+    return found
+
+
+def _configs_launching(script: str) -> list[str]:
+    """The config files beside the tool `script` (`<its package>/configs/*.py`) whose docstring
+    holds a command running it (`python -m <package>.<tool>`), relative to the working
+    directory."""
+    package = os.path.dirname(os.path.abspath(script))
+    module = f"{os.path.basename(package)}.{os.path.splitext(os.path.basename(script))[0]}"
+    command = re.compile(rf"-m\s+{re.escape(module)}\b")
+    found = []
+    configs = os.path.join(package, "configs")
+    for entry in sorted(os.listdir(configs)) if os.path.isdir(configs) else []:
+        path = os.path.join(configs, entry)
+        if entry.endswith(".py") and not entry.startswith("_"):
+            with open(path, encoding="utf-8") as f:
+                if command.search(f.read()):
+                    found.append(os.path.relpath(path))
+    return found
+
+
+def _flat(config, prefix: str = "") -> list[tuple[str, object]]:
+    out = []
+    for key, value in config.items():
+        if hasattr(value, "items") and not isinstance(value, dict):  # a nested ConfigDict
+            out += _flat(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+def config_keys_help(argv: list[str]) -> str:
+    """The help's list of every key of each config-file flag (ml_collections'), with the
+    value in its file and the comment beside it there: what `--config.<key>=value` can
+    override. The file is the one named on the command line (`--config=<file>`, before or
+    after `--help`), else the flag's default."""
+    from ml_collections.config_flags.config_flags import ConfigFileFlagParser
+
+    out = []
+    for name, flag in sorted(flags.FLAGS._flags().items()):  # noqa: SLF001 - absl's own map
+        if name != flag.name or not isinstance(flag.parser, ConfigFileFlagParser):
+            continue  # a short name, or not a config file flag
+        path = _config_path(argv, name, flag.default)
+        if not path:
+            out.append(f"\n--{name}.<key>=value overrides a key of the --{name} file: give "
+                       f"--{name}=<file> with --help to list its keys and defaults.\n")  # fmt: skip
+            launching = _configs_launching(argv[0] if argv else "")
+            if launching:
+                out.append(f"Config files whose command runs this tool: {', '.join(launching)}\n")
+            continue
+        try:
+            config = flag.parser.parse(path)
+            items = _flat(config)
+        except Exception as error:  # noqa: BLE001 - the help says why and goes on
+            out.append(f"\n--{name}={path}: its keys cannot be listed ({error})\n")
+            continue
+        file = path.split(":", 1)[0]
+        here = os.path.dirname(os.path.abspath(file))
+        # The file's own comments, then those of the config modules it builds on.
+        imported = [getattr(m, "__file__", None) for m in list(sys.modules.values())]
+        siblings = sorted({f for f in imported if f and os.path.dirname(f) == here} - {file})
+        comments = _config_comments([file, *siblings])
+        out.append(f"\n--{name}={path}: its keys (--{name}.<key>=value overrides one):\n")
+        for key, value in items:
+            shown = repr(value) if isinstance(value, str) or value is None else value
+            comment = comments.get(key)
+            out.append(f"  --{name}.{key}={shown}" + (f"  # {comment}" if comment else "") + "\n")
+    return "".join(out)
 
 
 def _define_help_flags() -> None:
