@@ -99,6 +99,42 @@ def test_a_file_linked_out_of_the_model_directory_is_refused_naming_it(
     assert not (tmp_path / "out").exists()
 
 
+def test_weights_and_tokenizer_files_linked_out_are_refused(hf_dir, tmp_path):
+    """Variants: the weights themselves, a tokenizer.json beside vocab.txt (refused, not
+    passed over), and a params-only directory whose params/ (or a file in it) links out."""
+    model = _copy(hf_dir, tmp_path / "weights")
+    outside = tmp_path / "elsewhere.safetensors"
+    shutil.move(model / "model.safetensors", outside)
+    (model / "model.safetensors").symlink_to(outside)
+    with pytest.raises(convert.ConversionError, match=r"model.safetensors: a link to .*outside"):
+        convert.load_pretrained(model)
+    model = _copy(hf_dir, tmp_path / "tok")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (model / "tokenizer.json").symlink_to(tmp_path / "tokenizer.json")
+    with pytest.raises(convert.ConversionError, match=r"tokenizer.json: a link to .*outside"):
+        convert.load_pretrained(model)
+    orbax = tmp_path / "orbax"
+    cli.convert(str(hf_dir), str(orbax), "orbax")
+    shutil.move(orbax / "params", tmp_path / "params_elsewhere")
+    (orbax / "params").symlink_to(tmp_path / "params_elsewhere")
+    with pytest.raises(convert.ConversionError, match=r"orbax/params: a link to .*outside"):
+        convert.load_pretrained(orbax)
+    (orbax / "params").unlink()
+    shutil.move(tmp_path / "params_elsewhere", orbax / "params")
+    inner = next(p for p in (orbax / "params").rglob("*") if p.is_file())
+    shutil.move(inner, tmp_path / "inner")
+    inner.symlink_to(tmp_path / "inner")
+    with pytest.raises(convert.ConversionError, match=f"{inner.name}: a link to .*outside"):
+        convert.load_pretrained(orbax)
+
+
+def test_a_model_directory_that_is_itself_a_link_reads(hf_dir, tmp_path, params):
+    (tmp_path / "alias").symlink_to(hf_dir)
+    _, loaded, vocab = convert.load_pretrained(tmp_path / "alias")
+    np.testing.assert_array_equal(_word_embeddings(loaded), _word_embeddings(params))
+    assert vocab is not None
+
+
 def test_a_link_inside_the_model_directory_is_followed(hf_dir, tmp_path, params):
     model = _copy(hf_dir, tmp_path / "model")
     (model / "files").mkdir()
@@ -243,6 +279,16 @@ def test_scan_layers_with_format_hf_is_refused(hf_dir, tmp_path):
         cli.convert(str(hf_dir), str(tmp_path / "out"), "hf", scan_layers=True)
 
 
+@pytest.mark.parametrize("length", [0, 2, 10_000])
+def test_a_bad_max_seq_length_flag_is_refused(hf_dir, tmp_path, length):
+    """`--max_seq_length=0` was taken as unset (the model's 24 positions written)."""
+    with pytest.raises(convert.ConversionError, match=f"--max_seq_length={length} must be in"):
+        cli.convert(
+            str(hf_dir), str(tmp_path / "o"), "sentence-transformers", max_seq_length=length
+        )
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("length", [0, 16.7, "128", True, -5])
 def test_a_bad_max_seq_length_in_sentence_bert_config_is_refused_by_name(hf_dir, tmp_path, length):
     """Before: 0 became 128 and 16.7 became 16 without a word; a string was a TypeError."""
@@ -260,16 +306,18 @@ def test_a_bad_max_seq_length_in_sentence_bert_config_is_refused_by_name(hf_dir,
 # --- 9. One line; non-JSON tokenizer files; glob characters ---------------------------------
 
 
-def test_a_non_json_special_tokens_map_is_named(hf_dir, tmp_path):
+@pytest.mark.parametrize("name", ["special_tokens_map.json", "tokenizer_config.json"])
+def test_a_non_json_tokenizer_config_file_is_named(hf_dir, tmp_path, name):
     """Before: a JSONDecodeError traceback from the export's writer."""
     model = _copy(hf_dir, tmp_path / "model")
-    (model / "special_tokens_map.json").write_text("{mask_token: [MASK]")
+    (model / name).write_text("{mask_token: [MASK]")
     with pytest.raises(convert.ConversionError) as error:
         cli.convert(str(model), str(tmp_path / "out"), "hf")
-    assert str(error.value).startswith(f"{model / 'special_tokens_map.json'}: not valid JSON")
-    (model / "special_tokens_map.json").write_text('["[MASK]"]')
+    assert str(error.value).startswith(f"{model / name}: not valid JSON")
+    (model / name).write_text('["[MASK]"]')
     with pytest.raises(convert.ConversionError, match="expected a JSON object, found list"):
-        cli.convert(str(model), str(tmp_path / "out"), "hf")
+        cli.convert(str(model), str(tmp_path / "out"), "orbax")
+    assert not (tmp_path / "out").exists()
 
 
 def test_convert_s_errors_are_one_line_without_a_traceback(hf_dir, tmp_path):

@@ -102,8 +102,9 @@ def _sentence_transformers_files(
     normalize = (
         flags["normalize"] if flags["normalize"] is not None else bool(found.get("normalize"))
     )
-    length = flags["max_seq_length"] or found.get("max_seq_length")
-    length = length or min(512, config.max_position_embeddings)
+    length = flags["max_seq_length"]  # 0 is a choice to refuse, not "unset"
+    length = length if length is not None else found.get("max_seq_length")
+    length = length if length is not None else min(512, config.max_position_embeddings)
     if not 3 <= length <= config.max_position_embeddings:
         raise ConversionError(
             f"--max_seq_length={length} must be in [3, max_position_embeddings="

@@ -87,6 +87,15 @@ def check_index_entry(directory: str, name: object, index: str) -> None:
     check_inside(directory, path, f"{index}: weight_map's {name!r} ({path})")
 
 
+def check_tree(directory: str, path: str) -> None:
+    """`check_inside` for `path` and, where it is a directory (an Orbax `params/`), every
+    file and directory under it."""
+    check_inside(directory, path)
+    for parent, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            check_inside(directory, os.path.join(parent, name))
+
+
 def model_file(directory: str, name: str) -> str | None:
     """`directory/name` if it exists (`check_inside`: never a link out), else None."""
     path = os.path.join(directory, name)

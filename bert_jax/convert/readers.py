@@ -475,7 +475,11 @@ def open_source(path: str | os.PathLike, config_file: str | None = None) -> Sour
     if fmt == "hf":
         source = _hf_source(path)
     elif fmt == "tf":
-        return _tf_source(_tf_prefix(path), config_file)
+        prefix = _tf_prefix(path)
+        if os.path.isdir(path):  # the checkpoint's files are the directory's own
+            for name in glob.glob(glob.escape(prefix) + ".*"):
+                locations.check_inside(path, name)
+        return _tf_source(prefix, config_file)
     elif fmt == "train_state":
         source = _train_state_source(path)  # an unreadable step: CheckpointError names it
     else:
@@ -561,8 +565,8 @@ def load_params(directory: str | os.PathLike) -> tuple[BertConfig, Params, str |
     import orbax.checkpoint as ocp
 
     directory = os.path.abspath(os.fspath(directory))
-    for name in ("config.json", "params"):
-        locations.check_inside(directory, os.path.join(directory, name))
+    locations.check_inside(directory, os.path.join(directory, "config.json"))
+    locations.check_tree(directory, os.path.join(directory, "params"))
     config = families.read_config(os.path.join(directory, "config.json"))
     params = as_numpy(ocp.StandardCheckpointer().restore(os.path.join(directory, "params")))
     # config.json does not record the layout; the params do.
