@@ -58,8 +58,10 @@ def load_model(
     Args:
         module: a `bert_jax.heads` model (encoder named `bert`); its config is replaced by
             the checkpoint's.
-        init_from: this project's pretraining workdir / checkpoint dir, a params-only Orbax
-            dir, a Google TF checkpoint or a Hugging Face directory (`bert_jax.convert`).
+        init_from: any model location (`bert_jax.convert.locations.resolve`): a
+            pretraining or fine-tuning workdir of this project or its checkpoint directory,
+            a params-only Orbax dir, a Google TF checkpoint, a Hugging Face or
+            sentence-transformers directory.
         from_scratch: keep only the checkpoint's config and vocab; initialise every weight
             randomly (the baseline a pretrained encoder is compared with).
         bert_config_file: a config that replaces the one found beside the checkpoint.

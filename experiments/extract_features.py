@@ -16,9 +16,10 @@ exactly as the original extract_features.py writes them (including its `linex_in
       --output_file=/tmp/features.jsonl --init_checkpoint=/path/to/hf_dir_or_bert_model.ckpt \
       [--vocab_file=vocab.txt --bert_config_file=bert_config.json] --layers=-1,-2,-3,-4
 
---init_checkpoint takes a Google TF checkpoint, a Hugging Face directory or a params-only
-Orbax directory (`bert_jax.convert`); a vocab.txt and config found beside it make
---vocab_file and --bert_config_file optional.
+--init_checkpoint takes any model location `bert_jax.convert` reads (a Google TF checkpoint, a
+Hugging Face or sentence-transformers directory, a params-only Orbax directory, a pretraining
+or fine-tuning workdir: `bert_jax.convert.locations`); a vocab.txt and config found beside it
+make --vocab_file and --bert_config_file optional.
 """
 
 from __future__ import annotations
@@ -272,7 +273,10 @@ def _define_flags():
         "Tokens per example, special tokens included; longer inputs are truncated.",
     )
     flags.DEFINE_string(
-        "init_checkpoint", None, "Google TF checkpoint, HF directory or params-only Orbax dir."
+        "init_checkpoint",
+        None,
+        "Any model: Google TF checkpoint, HF or sentence-transformers directory, params-only "
+        "Orbax directory, a pretraining or fine-tuning workdir.",
     )
     flags.DEFINE_string(
         "vocab_file",
