@@ -205,11 +205,14 @@ def quiet_known_noise() -> None:
       on: `TF_ENABLE_ONEDNN_OPTS=0` unless set. TensorFlow only reads and masks the data
       here (parsing, integer ops, random draws, comparisons): none of it has a oneDNN kernel
       whose round-off differs (matmuls, convolutions, reductions), so nothing changes.
-    - libtpu's probe where there is no TPU ("Failed to find host bounds for accelerator
-      type", "unexpected worker hostname ... TPU_WORKER_HOSTNAMES"): JAX tries its TPU
-      backend wherever libtpu is installed. Where JAX's own hardware check finds no TPU chip
-      and no GPU, and JAX_PLATFORMS is unset, JAX_PLATFORMS=cpu: the backend JAX falls back
-      to there anyway. A TPU VM (TPU chips on its PCI bus) or a GPU machine is left as it is.
+    - JAX's TPU probe where there is no TPU: libtpu's "Failed to find host bounds for
+      accelerator type", "unexpected worker hostname ... TPU_WORKER_HOSTNAMES" where it is
+      installed, and "Unable to initialize backend 'tpu': ... libtpu.so" where it is not
+      (JAX registers its TPU backend either way). Where JAX's own hardware check finds no TPU
+      chip and no GPU, and JAX_PLATFORMS is unset, JAX_PLATFORMS=cpu: the backend JAX falls
+      back to there anyway. A TPU VM (TPU chips on its PCI bus, where a missing libtpu is
+      worth its line) or a GPU machine is left as it is, and so is a JAX_PLATFORMS the user
+      set (a backend named there that fails still fails loudly).
 
     Orbax's "Type handler registry ... overriding jax.Array" is our own override's warning:
     `bert_jax.checkpointing` silences it where it makes it.
@@ -219,7 +222,7 @@ def quiet_known_noise() -> None:
     if "JAX_PLATFORMS" in os.environ or "JAX_FORCE_TPU_INIT" in os.environ:
         return
     hardware = _jax_hardware_utils()
-    if hardware is None or importlib.util.find_spec("libtpu") is None:
+    if hardware is None:
         return
     try:
         if hardware.num_available_tpu_chips_and_device_id()[0] or _has_gpu(hardware):

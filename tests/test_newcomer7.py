@@ -9,12 +9,14 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 from flax import linen as nn
 
 from bert_jax import convert, embeddings
 from bert_jax.config import BertConfig
 from bert_jax.convert import sentence_transformers as st_files
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "hello", "world"]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -153,3 +155,41 @@ def test_help_lists_the_config_keys_with_their_defaults_and_comments():
     bare = _help("-h")  # no config named: how to list them, and the files that run the tool
     assert "--config=<file> with --help" in bare, bare
     assert "experiments/configs/embeddings.py" in bare, bare
+
+
+TOOL = """
+from data_pipelines import cli
+
+
+def main(argv):
+    import jax
+
+    print(jax.devices())
+
+
+cli.run(main)
+"""
+
+
+def test_a_cpu_run_has_no_tpu_probe_line_and_a_chosen_backend_still_fails_loudly(tmp_path):
+    """Issue 83 item 5: every run logged "Unable to initialize backend 'tpu': ... libtpu.so"
+    (JAX registers its TPU backend where libtpu is not installed too)."""
+    from data_pipelines import cli
+
+    hardware = cli._jax_hardware_utils()
+    if hardware.num_available_tpu_chips_and_device_id()[0] or cli._has_gpu(hardware):
+        pytest.skip("an accelerator host: JAX's probe is left as it is")
+    script = tmp_path / "tool.py"
+    script.write_text(TOOL)
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    env["PYTHONPATH"] = REPO
+
+    def start(**extra):
+        return subprocess.run([sys.executable, str(script)], env={**env, **extra},
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    done = start()
+    assert done.returncode == 0 and "CpuDevice" in done.stdout, done.stderr
+    assert "Unable to initialize backend" not in done.stderr, done.stderr
+    chosen = start(JAX_PLATFORMS="tpu")  # the user's choice: its failure is not hidden
+    assert chosen.returncode != 0 and "Unable to initialize backend 'tpu'" in chosen.stderr
