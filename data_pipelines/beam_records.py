@@ -46,6 +46,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -290,8 +291,15 @@ def main(argv: list[str]) -> None:
     if f.dry_run:
         print(json.dumps(describe(options, _BEAM_ARGS, f.tfds_parts), indent=2))
         return
+    tool.unwind_on_sigterm()  # so that SIGTERM too removes what the run made
     try:
         stats = beam_records(options, _BEAM_ARGS, f.tfds_parts)
+    except tool.Terminated:
+        sys.stderr.write(
+            f"beam_records: stopped by SIGTERM before it finished; its temporary files and "
+            f"directories are removed ({options.output_file})\n"
+        )
+        sys.exit(128 + signal.SIGTERM)  # the shell's code for a process SIGTERM ended
     except (corpora.UndecodableInputError, VocabError, paths.OutputIsInputError) as error:
         raise SystemExit(f"beam_records: {error}") from None
     except (ValueError, OSError) as error:  # a flag out of range, an input without

@@ -443,15 +443,16 @@ def _stats_dict(
 # Command line.
 
 
-class _Terminated(BaseException):
+class Terminated(BaseException):
     """SIGTERM arrived; a BaseException like KeyboardInterrupt, so no `except Exception`
     swallows it on the way out."""
 
 
-def _unwind_on_sigterm() -> None:
+def unwind_on_sigterm() -> None:
     """Makes SIGTERM (a preempted VM's notice, `kill`) unwind the run as Ctrl-C does: the
     shard writer's `with` block then removes its temporaries (by default SIGTERM ends the
-    process at once, leaving them; a later run removes them, but it may never come)."""
+    process at once, leaving them; a later run removes them, but it may never come).
+    `beam_records` too: its temporaries and Beam's temporary directories."""
     main_pid = os.getpid()
 
     def handler(signum, frame):
@@ -460,7 +461,7 @@ def _unwind_on_sigterm() -> None:
             os.kill(os.getpid(), signum)
             return
         signal.signal(signum, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup
-        raise _Terminated()
+        raise Terminated()
 
     signal.signal(signal.SIGTERM, handler)
 
@@ -470,7 +471,7 @@ def main(argv: list[str]) -> None:
     del argv
     from absl import flags
 
-    _unwind_on_sigterm()
+    unwind_on_sigterm()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     options = options_from_flags(flags.FLAGS)
     from data_pipelines.tokenization import VocabError
@@ -484,7 +485,7 @@ def main(argv: list[str]) -> None:
         # A flag out of range, an input without documents (or too few to pair), an output
         # that cannot be written: one line naming it, as beam_records says them.
         raise SystemExit(f"create_pretraining_data: {error}") from None
-    except _Terminated:
+    except Terminated:
         sys.stderr.write(
             f"create_pretraining_data: stopped by SIGTERM before it finished; its temporary "
             f"files are removed ({options.output_file})\n"

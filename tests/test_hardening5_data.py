@@ -9,7 +9,6 @@ traceback was printed and that nothing was left behind.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
 import os
@@ -244,8 +243,11 @@ def _beam_flags(input_file, out, *extra) -> list[str]:
     ]  # fmt: skip
 
 
+MODES = ["in_memory", pytest.param("multi_processing", marks=pytest.mark.extended)]
+
+
 @needs_beam
-@pytest.mark.parametrize("mode", ["in_memory", "multi_processing"])
+@pytest.mark.parametrize("mode", MODES)
 def test_a_beam_run_leaves_nothing_in_tmpdir_and_caps_shards_as_the_tool(corpus, tmp_path, mode):
     # Also item 7 on Beam: 500 shards asked for, the tool's capped set byte for byte.
     out = tmp_path / "beam" / "out.tfrecord"
@@ -264,12 +266,13 @@ def test_a_beam_run_leaves_nothing_in_tmpdir_and_caps_shards_as_the_tool(corpus,
 
 
 @needs_beam
-def test_a_failed_beam_run_leaves_nothing_in_tmpdir(corpus, tmp_path):
-    # Text that is not UTF-8 fails the pipeline inside a worker process.
+@pytest.mark.parametrize("mode", MODES)
+def test_a_failed_beam_run_leaves_nothing_in_tmpdir(corpus, tmp_path, mode):
+    # Text that is not UTF-8 fails the pipeline inside a worker.
     binary = tmp_path / "binary.txt"
     binary.write_bytes(b"\xff\xfe\x00bad\n" * 20 + b"\n" + b"\xc3\x28 worse\n" * 20)
     out = tmp_path / "out" / "train.tfrecord"
-    flags = _beam_flags(f"{corpus},{binary}", out, "--direct_running_mode=multi_processing",
+    flags = _beam_flags(f"{corpus},{binary}", out, f"--direct_running_mode={mode}",
                         "--direct_num_workers=2")  # fmt: skip
     run, left = _beam(tmp_path, *flags)
     assert run.returncode != 0  # Beam's worker logs its own traceback before our line
@@ -279,10 +282,39 @@ def test_a_failed_beam_run_leaves_nothing_in_tmpdir(corpus, tmp_path):
     # No documents: fails after the pipeline ran.
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    run, left = _beam(tmp_path, *_beam_flags(empty, out, "--direct_running_mode=in_memory"))
+    run, left = _beam(tmp_path, *_beam_flags(empty, out, f"--direct_running_mode={mode}"))
     last = _one_line_error(run, "beam_records")
     assert last == f"beam_records: no documents in the input {empty}"
     assert left == [] and not out.parent.exists()
+
+
+@needs_beam
+def test_a_beam_run_stopped_by_sigterm_leaves_nothing(corpus, tmp_path):
+    import signal
+    import time
+
+    with open(corpus) as f:
+        text = f.read()
+    big = tmp_path / "big.txt"
+    big.write_text("\n".join([text] * 200))
+    tmpdir, out = tmp_path / "tmpdir", tmp_path / "out" / "train.tfrecord"
+    tmpdir.mkdir()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(tmpdir)}
+    flags = _beam_flags(big, out, "--direct_running_mode=multi_processing",
+                        "--direct_num_workers=2", "--dupe_factor=10")  # fmt: skip
+    process = subprocess.Popen(
+        [BEAM_PYTHON, "-m", "data_pipelines.beam_records", *flags], cwd=REPO, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith("beam-temp") for p in tmpdir.glob("*/*")):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith("beam_records: stopped by SIGTERM")
+    assert os.listdir(tmpdir) == [] and not out.parent.exists()
 
 
 # --- item 8: every module's --help -----------------------------------------------------------
@@ -304,34 +336,62 @@ def _modules_with_main() -> list[str]:
     return sorted(found)
 
 
-# `python -m MODULE --help` with an audit hook that names every file the process opens for
-# writing, renames, removes or makes (Python's own bytecode cache aside): a rewrite shows even
-# when it writes the same bytes (git status would not), and only this process's writes count
-# (not those of whoever else edits the tree meanwhile).
-_WATCHED = r"""
-import os, runpy, sys
+# `python -m MODULE --help` for many modules from one interpreter: each module runs in a child
+# forked from it (the libraries most modules import, absl and numpy, are imported once,
+# before the fork), in a directory of its own, with an audit hook that names every file it
+# opens for writing, renames, removes or makes (Python's bytecode cache aside): a rewrite
+# shows even when it writes the same bytes (git status would not), and only that child's
+# writes count (not those of whoever else edits the tree meanwhile). Prints {module: exit}.
+_FORKED_HELP = r"""
+import json, os, runpy, sys, traceback
+import absl.app, absl.flags, absl.logging, numpy
 WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 CHANGES = {"os.rename", "os.replace", "os.remove", "os.unlink", "os.mkdir", "os.rmdir",
            "shutil.rmtree", "os.truncate", "os.symlink", "os.link", "shutil.copyfile"}
 def hook(event, args):
-    if event == "open" and isinstance(args[2], int) and args[2] & WRITE:
-        path = os.fsdecode(args[0]) if isinstance(args[0], (str, bytes, os.PathLike)) else ""
-    elif event in CHANGES:
-        path = os.fsdecode(args[0]) if isinstance(args[0], (str, bytes, os.PathLike)) else ""
-    else:
+    if not (event in CHANGES or event == "open" and isinstance(args[2], int) and args[2] & WRITE):
         return
+    path = os.fsdecode(args[0]) if isinstance(args[0], (str, bytes, os.PathLike)) else ""
     if path and "__pycache__" not in path and not path.startswith(("/dev/", "/proc/")):
         os.write(2, f"\nWROTE {event} {path}\n".encode())
-sys.addaudithook(hook)
-sys.argv = sys.argv[1:]
-runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+codes = {}
+for module in sys.argv[2:]:
+    directory = os.path.join(sys.argv[1], module)
+    os.mkdir(directory)
+    log = os.open(directory + ".log", os.O_WRONLY | os.O_CREAT)
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(directory)  # a relative write would land here
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        sys.addaudithook(hook)
+        sys.argv = [module, "--help"]
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else stop.code is not None
+            if isinstance(stop.code, str):
+                print(stop.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(code))
+    os.close(log)
+    codes[module] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(json.dumps(codes))
 """
 
 
-def _git_status() -> str:
-    return subprocess.run(
+def _git_status() -> list[str]:
+    """`git status --porcelain` but for Python sources, which people may be editing meanwhile
+    (the audit hook is what sees a help's own writes; this sees any data file changed)."""
+    status = subprocess.run(
         ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
+    return [line for line in status.splitlines() if not line.endswith(".py")]
 
 
 def test_every_module_s_help_prints_usage_exits_0_and_writes_nothing(tmp_path):
@@ -346,27 +406,30 @@ def test_every_module_s_help_prints_usage_exits_0_and_writes_nothing(tmp_path):
     assert len(modules) > 40
     status = _git_status()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
-
-    def help_of(module):
-        cwd = tmp_path / module  # a relative write would land here
-        cwd.mkdir()
-        run = subprocess.run(
-            [sys.executable, "-c", _WATCHED, module, "--help"], cwd=cwd, env=env,
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        return module, run
-
+    halves = [modules[0::2], modules[1::2]]  # two processes: two cores
+    processes = [
+        subprocess.Popen([sys.executable, "-c", _FORKED_HELP, str(tmp_path), *half], cwd=tmp_path,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for half in halves
+    ]  # fmt: skip
+    codes = {}
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr[-3000:]
+        codes.update(json.loads(stdout.strip().splitlines()[-1]))
+    assert sorted(codes) == modules
     failures = []
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # mostly interpreter start-up
-        for module, run in pool.map(help_of, modules):
-            said = (run.stdout + run.stderr).lower()
-            # absl's help: the docstring, the flags, "Try --helpfull"; argparse's: "usage:".
-            usage = any(w in said for w in ("usage", "flags:", "--helpfull")) and len(said) > 80
-            if run.returncode != 0 or "traceback" in said or not usage:
-                failures.append(f"{module}: exit {run.returncode}: {said[-300:]}")
-            wrote = [line for line in run.stderr.splitlines() if line.startswith("WROTE ")]
-            if wrote or os.listdir(tmp_path / module):
-                failures.append(f"{module}: {wrote} {os.listdir(tmp_path / module)}")
+    for module, code in codes.items():
+        with open(tmp_path / f"{module}.log") as f:
+            said = f.read()
+        lower = said.lower()
+        # absl's help: the docstring, the flags, "Try --helpfull"; argparse's: "usage:".
+        usage = any(w in lower for w in ("usage", "flags:", "--helpfull")) and len(said) > 80
+        if code != 0 or "traceback" in lower or not usage:
+            failures.append(f"{module}: exit {code}: {said[-300:]}")
+        wrote = [line for line in said.splitlines() if line.startswith("WROTE ")]
+        if wrote or os.listdir(tmp_path / module):
+            failures.append(f"{module}: {wrote} {os.listdir(tmp_path / module)}")
     assert failures == []
     assert _git_status() == status
 
