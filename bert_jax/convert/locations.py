@@ -14,9 +14,10 @@ exports, and `copy_files` copies them (refusing a config file that is not JSON).
 `resolve(path)` is the directory (or checkpoint prefix) whose weights a model location
 means: a workdir of a fine-tuning run (`<workdir>/checkpoint/`, the params-only Orbax
 directory it saves), a sentence-transformers directory (its Transformer module's
-directory), else the path itself (a Hugging Face directory, a params-only Orbax directory,
-a Google TF checkpoint, a pretraining workdir or its `checkpoints/`, which
-`readers.detect_format` tells apart).
+directory), a pretraining workdir (its `checkpoints/`), else the path itself (a Hugging
+Face directory, a params-only Orbax directory, a Google TF checkpoint, a checkpoint step,
+which `readers.detect_format` tells apart). `convert`, `embed`, `extract_features` and
+every `init_from` read a model through it (`readers.open_source`, `train_loop`).
 """
 
 from __future__ import annotations
