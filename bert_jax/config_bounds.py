@@ -229,6 +229,14 @@ FINETUNE: dict[str, Bound] = {
     "normalize": Flag("the saved embedding model L2-normalises"),
     "scale": Float("cosine x scale = logits (1 / temperature)", 0, open_low=True),
     "symmetric": Flag("also each positive against every query"),
+    "corpus_files": Text("raw text the pairs are made from, comma-separated ('': train_file)"),
+    "crop_min_ratio": Float("a crop's share of its passage: at least", 0, 1, open_low=True),
+    "crop_max_ratio": Float("a crop's share of its passage: at most", 0, 1, open_low=True),
+    "token_deletion": Float("each cropped piece dropped with this probability", 0, 0.9),
+    "sentence_fraction": Prob("pairs made by sentence -> the rest of its passage"),
+    "keep_sentence": Prob("that sentence left in its positive"),
+    "query_max_seq_length": Int("query pieces kept", 0, zero="max_seq_length"),
+    "checkpoint_every": Int("steps between resumable saves", 0, zero="at the end only"),
     "keep_tail": Int("a long text's last pieces kept", 0, zero="the head only"),
     "eval_every_epochs": Int("scored every N-th epoch and the last", 1),
     "train_file": Text("training data"),
@@ -495,6 +503,15 @@ def _finetune_rules(values, devices, processes) -> Iterator[str]:
                    "negatives; 2 at least")  # fmt: skip
         if batch and chunk and batch % chunk:
             yield f"--config.chunk_size={chunk} does not divide --config.global_batch_size={batch}"
+        low, high = values.get("crop_min_ratio"), values.get("crop_max_ratio")
+        if low is not None and high is not None and low > high:
+            yield f"--config.crop_min_ratio={low} > --config.crop_max_ratio={high}"
+        queries = values.get("query_max_seq_length")
+        if queries and seq is not None and queries > seq:
+            yield f"--config.query_max_seq_length={queries} > --config.max_seq_length={seq}"
+        if values.get("train_file") and values.get("corpus_files"):
+            yield ("--config.train_file and --config.corpus_files both set: pairs come from a "
+                   "pairs file or are made from raw text, not both")  # fmt: skip
     predictions = values.get("max_predictions_per_seq")
     if seq is not None and predictions is not None and predictions > seq:
         yield (f"--config.max_predictions_per_seq={predictions} > --config.max_seq_length={seq}")

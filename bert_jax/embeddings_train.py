@@ -66,9 +66,12 @@ def batch_spec(
     config: ml_collections.ConfigDict, mesh, negatives: int = 0
 ) -> dict[str, jax.ShapeDtypeStruct]:
     """The global batch of `global_batch_size` pairs with `negatives` hard negatives each, at
-    `max_seq_length`, every key split over the mesh's data axes (`sharding.batch_sharding`)."""
+    `max_seq_length` (queries at `query_max_seq_length` where set), every key split over the
+    mesh's data axes (`sharding.batch_sharding`)."""
     b, t, data = config.global_batch_size, config.max_seq_length, sharding.batch_sharding(mesh)
     shapes = dict.fromkeys(PAIR_KEYS, (b, t))
+    if tq := config.get("query_max_seq_length", 0):  # questions are not run at a passage's T
+        shapes |= dict.fromkeys(PAIR_KEYS[:2], (b, tq))
     if negatives:
         shapes |= dict.fromkeys(NEGATIVE_KEYS, (b, negatives, t))
     shapes[POSITIVE_IDS] = (b,)

@@ -25,6 +25,14 @@ relevance judgements (qrels) by well-kept IR measures rather than code of ours.
   1.5, b = 0.75, its defaults): texts lower-cased, split into runs of 2+ word characters
   (scikit-learn's CountVectorizer pattern, bm25s' default), bm25s' English stopword list
   removed, no stemming (a stemmer needs PyStemmer, which is not installed here).
+* `fuse_rrf` and `fuse_scores`: a dense run and BM25's combined. Reciprocal rank fusion
+  (Cormack, Clarke and Buettcher 2009): a passage scores the sum over the runs of
+  1 / (k + its rank), k = 60, so only ranks count. Normalised score interpolation
+  (Pyserini's hybrid search): each run's scores min-max normalised per query over the
+  passages it returned (its best 1, its worst 0; a passage a run did not return counts 0
+  there), then `weight` x the first + (1 - `weight`) x the second. Without normalisation
+  BM25's unbounded scores swamp a cosine's [-1, 1], and the sum is BM25's ranking.
+* `per_query`: one metric per query (ir-measures), for intervals over questions.
 * `paired_interval`: the mean difference of two systems' scores over the same seeds (or
   queries) and its confidence interval, a paired t interval or a bootstrap one (scipy).
 """
@@ -226,6 +234,69 @@ def bm25_run(
                 pids[j]: float(s) for j, s in zip(row_indices, row_scores, strict=True) if s > 0
             }
     return run
+
+
+Run = Mapping[str, Mapping[str, float]]
+
+
+def fuse_rrf(runs: Sequence[Run], k: int = 60, depth: int = 100) -> dict[str, dict[str, float]]:
+    """Reciprocal rank fusion of `runs` (module docstring): each query's passages by the sum
+    over the runs of 1 / (k + rank), ranks from 1, the best `depth` kept."""
+    if k < 0:
+        raise ValueError(f"fuse_rrf: k={k}; 0 or more (60 is the paper's)")
+    fused: dict[str, dict[str, float]] = {}
+    for qid in {q for run in runs for q in run}:
+        total: dict[str, float] = {}
+        for run in runs:
+            ranked = sorted(run.get(qid, {}).items(), key=lambda item: (-item[1], item[0]))
+            for rank, (pid, _) in enumerate(ranked, 1):
+                total[pid] = total.get(pid, 0.0) + 1.0 / (k + rank)
+        fused[qid] = _best(total, depth)
+    return fused
+
+
+def fuse_scores(
+    first: Run, second: Run, weight: float, depth: int = 100
+) -> dict[str, dict[str, float]]:
+    """`weight` x `first` + (1 - `weight`) x `second`, each run's scores min-max normalised
+    per query (module docstring); the best `depth` passages of each query kept."""
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"fuse_scores: weight={weight}; the first run's share, in [0, 1]")
+    fused: dict[str, dict[str, float]] = {}
+    for qid in set(first) | set(second):
+        a, b = _min_max(first.get(qid, {})), _min_max(second.get(qid, {}))
+        total = {p: weight * a.get(p, 0.0) + (1.0 - weight) * b.get(p, 0.0) for p in a | b}
+        fused[qid] = _best(total, depth)
+    return fused
+
+
+def _min_max(scores: Mapping[str, float]) -> dict[str, float]:
+    if not scores:
+        return {}
+    low, high = min(scores.values()), max(scores.values())
+    span = high - low
+    return {p: (s - low) / span if span > 0 else 1.0 for p, s in scores.items()}
+
+
+def _best(scores: Mapping[str, float], depth: int) -> dict[str, float]:
+    ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:depth]
+    return dict(ranked)
+
+
+def per_query(run: Run, qrels: Mapping[str, Mapping[str, int]], metric: str = "nDCG@10"):
+    """`metric` (one of METRICS) of each judged query, in qrels' order: {qid: value}, 0 for
+    a query without a ranking."""
+    import ir_measures
+    from ir_measures import RR, R, nDCG
+
+    measure = {"nDCG@10": nDCG @ 10, "MRR@10": RR @ 10, "R@1": R @ 1, "R@10": R @ 10,
+               "R@100": R @ 100}[metric]  # fmt: skip
+    ranked = {qid: dict(run[qid]) for qid in qrels if run.get(qid)}
+    values = dict.fromkeys(qrels, 0.0)
+    if ranked:
+        for result in ir_measures.iter_calc([measure], {q: dict(qrels[q]) for q in ranked}, ranked):
+            values[result.query_id] = float(result.value)
+    return values
 
 
 @dataclasses.dataclass(frozen=True)

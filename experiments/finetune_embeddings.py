@@ -22,9 +22,13 @@ read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
+import signal
+import threading
 import time
 
 import ml_collections
@@ -40,21 +44,24 @@ log = logging.getLogger(__name__)
 TOKEN_KEYS = ("query", "positive", "negative")
 
 
-def tokenize_pairs(tokenizer, pairs, max_seq_length: int) -> dict[str, np.ndarray]:
+def tokenize_pairs(
+    tokenizer, pairs, max_seq_length: int, query_length: int = 0
+) -> dict[str, np.ndarray]:
     """(N, T) token and mask arrays of queries and positives ((N, K, T) negatives), padded
-    to `max_seq_length`, and `positive_ids`: equal ints for equal positive texts."""
+    to `max_seq_length` (queries to `query_length` when set), and `positive_ids`: equal ints
+    for equal positive texts."""
     from bert_jax.embeddings import tokenize
 
-    def arrays(texts):
-        ids, _ = tokenize(tokenizer, texts, max_seq_length)
-        tokens = np.full((len(ids), max_seq_length), tokenizer.pad_id, np.int32)
+    def arrays(texts, length=max_seq_length):
+        ids, _ = tokenize(tokenizer, texts, length)
+        tokens = np.full((len(ids), length), tokenizer.pad_id, np.int32)
         mask = np.zeros_like(tokens)
         for i, row in enumerate(ids):
             tokens[i, : len(row)], mask[i, : len(row)] = row, 1
         return tokens, mask
 
     out = {}
-    out["query_tokens"], out["query_mask"] = arrays(pairs.queries)
+    out["query_tokens"], out["query_mask"] = arrays(pairs.queries, query_length or max_seq_length)
     out["positive_tokens"], out["positive_mask"] = arrays(pairs.positives)
     k = len(pairs.negatives[0])
     if k:
@@ -93,34 +100,146 @@ def cut_to_longest(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str,
 
 
 def retrieval_scores(model, dev, batch_size: int, mesh=None) -> dict[str, float]:
-    """Each dev query against every distinct dev positive: nDCG@10, MRR@10, R@1/10/100."""
+    """Each distinct dev query against every distinct dev positive: nDCG@10, MRR@10,
+    R@1/10/100. A query text that repeats is one query, every positive it has relevant."""
     from bert_jax import embeddings, retrieval
 
     corpus = sorted(set(dev.positives))
     pid = {text: f"p{i}" for i, text in enumerate(corpus)}
-    qrels = {f"q{i}": {pid[p]: 1} for i, p in enumerate(dev.positives)}
-    q = embeddings.embed_texts(model, dev.queries, batch_size=batch_size, desc="dev queries")
+    queries = list(dict.fromkeys(dev.queries))
+    qid = {text: f"q{i}" for i, text in enumerate(queries)}
+    qrels: dict[str, dict[str, int]] = {qid[q]: {} for q in queries}
+    for query, positive in zip(dev.queries, dev.positives, strict=True):
+        qrels[qid[query]][pid[positive]] = 1
+    q = embeddings.embed_texts(model, queries, batch_size=batch_size, desc="dev queries")
     c = embeddings.embed_texts(model, corpus, batch_size=batch_size, desc="dev passages")
     scores, indices = retrieval.top_k(q, c, min(100, len(corpus)), mesh=mesh)
     run = retrieval.run_from_topk(list(qrels), [pid[t] for t in corpus], scores, indices)
     return retrieval.evaluate(run, qrels)
 
 
+class PairsFile:
+    """The batches of a pairs TSV: step s's rows from (seed, epoch)'s permutation."""
+
+    def __init__(self, config, tokenizer):
+        from data_pipelines.tasks.pairs import read_pairs
+
+        self.pairs = read_pairs(config.train_file)
+        if len(self.pairs) < config.global_batch_size:
+            raise ValueError(f"{config.train_file}: {len(self.pairs)} pairs < "
+                             f"--config.global_batch_size={config.global_batch_size}")  # fmt: skip
+        self.negatives = len(self.pairs.negatives[0])
+        self.arrays = tokenize_pairs(tokenizer, self.pairs, config.max_seq_length,
+                                     config.get("query_max_seq_length", 0))  # fmt: skip
+        self.batch_size, self.seed = config.global_batch_size, config.seed
+        self.counts = {"train_pairs": len(self.pairs)}
+        self.describe = (f"{len(self.pairs)} pairs ({self.negatives} hard negatives each) "
+                         f"from {config.train_file}")  # fmt: skip
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        rows = batch_indices(len(self.pairs), self.batch_size, self.seed, step)
+        return cut_to_longest(self.arrays, rows)
+
+
+class CorpusPairs:
+    """Pairs made from raw text each step (`data_pipelines.crop_pairs`): contrastive
+    pretraining, no labels."""
+
+    negatives = 0
+
+    def __init__(self, config, tokenizer):
+        from data_pipelines import crop_pairs
+
+        files = [f.strip() for f in config.corpus_files.split(",") if f.strip()]
+        documents = [d for f in files for d in crop_pairs.read_documents(f)]
+        query = config.get("query_max_seq_length", 0) or config.max_seq_length
+        passages = crop_pairs.make_passages(
+            documents, tokenizer, config.max_seq_length - tokenizer.num_special_tokens(False)
+        )
+        rules = crop_pairs.PairRules(
+            config.crop_min_ratio, config.crop_max_ratio, config.token_deletion,
+            config.sentence_fraction, config.keep_sentence,
+        )  # fmt: skip
+        self.stream = crop_pairs.PairStream(
+            passages, tokenizer, rules, config.global_batch_size, query, config.max_seq_length,
+            config.seed, source=f"--config.corpus_files={config.corpus_files}",
+        )  # fmt: skip
+        self.counts = {"train_passages": len(passages), "train_documents": len(documents)}
+        self.describe = (f"{len(passages)} passages of {len(documents)} documents in "
+                         f"{', '.join(files)} (crops, sentence -> passage)")  # fmt: skip
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        return self.stream.batch(step)
+
+
+def pair_source(config, tokenizer):
+    """The config's training pairs: a pairs file, or pairs made from raw text."""
+    if bool(config.get("corpus_files")) == bool(config.train_file):
+        raise ValueError("give --config.train_file (a pairs TSV) or --config.corpus_files (raw "
+                         "text, one sentence a line), one of the two")  # fmt: skip
+    return (
+        CorpusPairs(config, tokenizer)
+        if config.get("corpus_files")
+        else PairsFile(config, tokenizer)
+    )
+
+
+def process_rows(mesh, batch_size: int) -> slice:
+    """The rows of a global batch this process's devices hold under the batch sharding: the
+    slice it puts on them (`sharding.global_batch`)."""
+    import jax
+
+    from bert_jax import sharding
+
+    spans = sharding.batch_sharding(mesh).addressable_devices_indices_map((batch_size,))
+    starts = [index[0].start or 0 for index in spans.values()]
+    stops = [batch_size if index[0].stop is None else index[0].stop for index in spans.values()]
+    rows = slice(min(starts), max(stops))
+    if rows.stop - rows.start != batch_size // jax.process_count():
+        raise ValueError(f"process {jax.process_index()}'s devices hold rows {spans} of the "
+                         "batch, not one contiguous share: use a mesh whose data axes split "
+                         "along the processes")  # fmt: skip
+    return rows
+
+
+def local_batch(batch: dict[str, np.ndarray], rows: slice) -> dict[str, np.ndarray]:
+    return {k: v[rows] for k, v in batch.items()}
+
+
+def resume_state(config, workdir: str, state, shardings):
+    """(state, first step, manager): the newest readable save in `<workdir>/state` when the
+    run was stopped before (refused when it was another config's), else the given state."""
+    from bert_jax import checkpoint_reading, checkpointing
+    from bert_jax.config import ConfigError
+
+    manager = checkpointing.make_manager(os.path.join(workdir, "state"), max_to_keep=1)
+    if manager.latest_step() is None:
+        return state, 0, manager
+    abstract = checkpoint_reading.abstract_like(state, shardings)
+    restored, positions, saved = checkpoint_reading.restore(manager, None, abstract,
+                                                            set_aside=True)  # fmt: skip
+    now = checkpointing.config_to_json(config)
+    differ = sorted(k for k in set(now) | set(saved) if now.get(k) != saved.get(k))
+    if differ:
+        shown = ", ".join(f"{k}={saved.get(k)!r} (now {now.get(k)!r})" for k in differ[:3])
+        raise ConfigError(f"{workdir} holds a stopped run of another config: {shown}; resume "
+                          "it with its own values or use another --workdir")  # fmt: skip
+    step = int(positions[0]["step"])
+    log.info("resuming %s at step %d", workdir, step)
+    return restored, step, manager
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """The whole fine-tuning run; returns metrics.json's content."""
     import jax
 
-    from bert_jax import embeddings, embeddings_train, finetune_common, sharding
+    from bert_jax import checkpointing, embeddings, embeddings_train, finetune_common, sharding
     from bert_jax.config import BertConfig
     from data_pipelines.tasks.pairs import read_pairs
 
     start = time.time()
     os.makedirs(workdir, exist_ok=True)
-    train = read_pairs(config.train_file)
     dev = read_pairs(config.dev_file) if config.dev_file else None
-    if len(train) < config.global_batch_size:
-        raise ValueError(f"{config.train_file}: {len(train)} pairs < --config.global_batch_size"
-                         f"={config.global_batch_size}")  # fmt: skip
     template = embeddings.BertForEmbedding(BertConfig(), config.pooling, config.normalize)
     task = finetune_common.load_task_model(config, template)
     module, params = task.module, task.params
@@ -128,26 +247,28 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if config.max_seq_length > bert.max_position_embeddings:
         raise ValueError(f"--config.max_seq_length={config.max_seq_length} > the encoder's "
                          f"max_position_embeddings={bert.max_position_embeddings}")  # fmt: skip
-    arrays = tokenize_pairs(task.tokenizer, train, config.max_seq_length)
-    log.info("%d pairs (%d hard negatives each) from %s; %s pooling, batch %d%s", len(train),
-             len(train.negatives[0]), config.train_file, config.pooling, config.global_batch_size,
+    source = pair_source(config, task.tokenizer)
+    log.info("%s; %s pooling, batch %d%s", source.describe, config.pooling,
+             config.global_batch_size,
              f" in chunks of {config.chunk_size}" if config.chunk_size else "")  # fmt: skip
 
     embeddings_train.check_encoder(config, bert)
     mesh = sharding.create_mesh(config.mesh_shape)
     num_steps = config.num_train_steps
-    negatives = len(train.negatives[0])
     # The step aot_compile compiles for a TPU slice: optimizer, sharded state, shardings.
-    contrastive = embeddings_train.make_train_step(config, module, mesh, negatives=negatives,
-                                                   params=params)  # fmt: skip
+    contrastive = embeddings_train.make_train_step(
+        config, module, mesh, negatives=source.negatives, params=params
+    )
     state, step_fn = contrastive.state, contrastive.step
     _, dropout_rng = finetune_common.run_keys(config)
+    state, first, manager = resume_state(config, workdir, state, contrastive.shardings)
+    rows = process_rows(mesh, config.global_batch_size)
 
     def current_model(p):
         return embeddings.EmbeddingModel(module, p, task.tokenizer, task.vocab_file,
                                          config.max_seq_length, "config")  # fmt: skip
 
-    metrics: dict = {"train_pairs": len(train), "num_train_steps": num_steps}
+    metrics: dict = {"num_train_steps": num_steps, **source.counts}
     if dev is not None:
         metrics["dev_pairs"] = len(dev)
         metrics["before"] = retrieval_scores(current_model(params), dev, config.eval_batch_size)
@@ -156,13 +277,28 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
     history = []
     log_path = os.path.join(workdir, "train_log.jsonl")
+    every = config.get("checkpoint_every", 0)
+    config_json = checkpointing.config_to_json(config)
+
+    def save(step):
+        checkpointing.save(manager, step, state, [{"step": step}], config_json)
+        checkpointing.finish_saves(manager)
+
+    if first == 0 and os.path.exists(log_path) and jax.process_index() == 0:
+        # An earlier run's log is kept beside this one's, never overwritten.
+        kept = next(f"{log_path}.{n}" for n in range(1, 10**6)
+                    if not os.path.exists(f"{log_path}.{n}"))  # fmt: skip
+        os.replace(log_path, kept)
+        log.info("the earlier run's %s kept as %s", log_path, kept)
     # The mesh is ambient while the step is traced: the model's activation constraints and
     # splash's shard_map read it (embeddings_train).
-    with sharding.activation_context(mesh), open(log_path, "w", encoding="utf-8") as log_file:
-        progress = tqdm(total=num_steps, desc="contrastive", unit="step")
-        for step in range(num_steps):
-            rows = batch_indices(len(train), config.global_batch_size, config.seed, step)
-            batch = sharding.global_batch(cut_to_longest(arrays, rows), mesh)
+    with sharding.activation_context(mesh), open(log_path, "a", encoding="utf-8") as log_file, \
+            signals_between_steps() as pending:  # fmt: skip
+        progress = tqdm(total=num_steps, initial=first, desc="contrastive", unit="step",
+                        disable=jax.process_index() != 0)  # fmt: skip
+        window_start = time.time()
+        for step in range(first, num_steps):
+            batch = sharding.global_batch(local_batch(source.batch(step), rows), mesh)
             state, step_metrics = step_fn(state, batch, dropout_rng)
             history.append(step_metrics)
             # The bar counts steps whose results are on the host: one step stays in flight.
@@ -173,12 +309,25 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 window = finetune_common.fetch_finite(history, step + 2 - len(history))
                 record = {k: float(np.mean([m[k] for m in window])) for k in window[-1]}
                 record["learning_rate"] = float(window[-1]["learning_rate"])
-                log_file.write(json.dumps({"step": step + 1, **record}) + "\n")
-                log_file.flush()
+                seconds = time.time() - window_start
+                record["steps_per_second"] = round(len(window) / max(seconds, 1e-9), 4)
+                window_start = time.time()
+                if jax.process_index() == 0:
+                    log_file.write(json.dumps({"step": step + 1, **record}) + "\n")
+                    log_file.flush()
                 progress.update(step + 1 - progress.n)
                 progress.set_postfix(loss=f"{record['loss']:.4f}",
                                      acc=f"{record['accuracy']:.3f}")  # fmt: skip
                 history = []
+            if pending:  # SIGTERM / Ctrl-C: saved after the step, resumed there
+                progress.close()
+                save(step + 1)
+                raise finetune_common.Stopped(
+                    pending[0], f"at step {step + 1} of {num_steps}: the train state is saved "
+                    f"in {os.path.join(workdir, 'state')}; rerun the same command to resume",
+                )  # fmt: skip
+            if every and (step + 1) % every == 0 and step + 1 < num_steps:
+                save(step + 1)
         progress.close()
     params = jax.device_get(state.params)
     if dev is not None:
@@ -186,14 +335,37 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         log.info("dev after: %s", _fmt(metrics["after"]))
     settings = {"pooling": config.pooling, "normalize": bool(config.normalize),
                 "max_seq_length": int(config.max_seq_length)}  # fmt: skip
-    finetune_common.save_finetuned(
-        os.path.join(workdir, "checkpoint"), bert, params, vocab_file=task.vocab_file,
-        metadata={"task": "embedding", "embedding": settings, "init_from": config.init_from,
-                  "from_scratch": bool(config.from_scratch)},
-    )  # fmt: skip
-    metrics["wall_seconds"] = round(time.time() - start, 1)
-    finetune_common.write_json(os.path.join(workdir, "metrics.json"), metrics)
+    with finetune_common.final_save(f"{workdir}/checkpoint and metrics.json"):
+        finetune_common.save_finetuned(
+            os.path.join(workdir, "checkpoint"), bert, params, vocab_file=task.vocab_file,
+            metadata={"task": "embedding", "embedding": settings, "init_from": config.init_from,
+                      "from_scratch": bool(config.from_scratch),
+                      "objective": "contrastive_pretraining" if config.get("corpus_files")
+                      else "contrastive"},
+        )  # fmt: skip
+        metrics["wall_seconds"] = round(time.time() - start, 1)
+        finetune_common.write_json(os.path.join(workdir, "metrics.json"), metrics)
+    if jax.process_index() == 0:  # the run is complete: its resume point is not needed
+        shutil.rmtree(os.path.join(workdir, "state"), ignore_errors=True)
     return metrics
+
+
+@contextlib.contextmanager
+def signals_between_steps():
+    """SIGTERM and Ctrl-C noted (the yielded list) instead of raised: the loop finishes its
+    step, saves and stops (a step interrupted half-way would leave the donated state gone).
+    Only in the main thread, where signal handlers live."""
+    pending: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pending
+        return
+    previous = {s: signal.signal(s, lambda signum, _: pending.append(signum))
+                for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+    try:
+        yield pending
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _fmt(scores: dict[str, float]) -> str:

@@ -32,6 +32,15 @@ def get_config() -> ml_collections.ConfigDict:
     config.normalize = True  # the saved model L2-normalises (the loss is cosine either way)
     config.scale = 20.0  # cosine similarity x scale = logits (1 / temperature)
     config.symmetric = False  # also each positive against every query
+    config.query_max_seq_length = 0  # query pieces kept (0: max_seq_length); a question is short
     config.eval_batch_size = 128  # texts per forward pass when scoring dev_file
+    config.checkpoint_every = 0  # steps between resumable saves in <workdir>/state (0: none)
+    # Contrastive pretraining (configs/embeddings_contrastive_pretraining.py): pairs made from raw text.
+    config.corpus_files = ""  # one sentence a line, blank lines between documents ('': none)
+    config.crop_min_ratio = 0.1  # a crop's share of its passage: at least (Contriever)
+    config.crop_max_ratio = 0.5  # ... at most
+    config.token_deletion = 0.0  # each cropped piece dropped with this probability
+    config.sentence_fraction = 0.5  # pairs made by one sentence -> the rest of its passage
+    config.keep_sentence = 0.1  # that sentence left in the positive (ORQA's 10%)
     config.log_every = 10
     return config

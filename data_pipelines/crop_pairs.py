@@ -1,0 +1,209 @@
+"""Positive pairs from unlabelled text, for contrastive pretraining (issue 81).
+
+No labels: each pair is made from one passage of a raw corpus (the pretraining format: one
+sentence a line, a blank line between documents), by one of two rules:
+
+* **independent cropping** (Contriever, Izacard et al. 2022, section 3.1): two spans of the
+  passage's pieces, each of a length drawn uniformly between `crop_min_ratio` and
+  `crop_max_ratio` of the passage and placed uniformly at random, independently of each
+  other (they may overlap or not); each piece of a span is then dropped with probability
+  `token_deletion` (Contriever's optional 10%).
+* **sentence -> the rest of its passage** (the inverse cloze task of ORQA, Lee et al. 2019,
+  a rule of the corpus's structure): the query is one sentence of the passage, the positive
+  the passage without it, or with it left in with probability `keep_sentence` (ORQA's 10%,
+  so the model also learns plain word overlap). A question about a paragraph reads like one
+  of its sentences: this is the rule that fits passage retrieval.
+
+A pair takes the sentence rule with probability `sentence_fraction` when its passage has two
+sentences or more, else a crop. Passages are documents' consecutive sentences packed up to
+`passage_pieces` pieces (a longer sentence is cut); every passage is seen once an epoch, in
+the order of a permutation from (seed, epoch); every random draw of a pair comes from
+(seed, step, row), so a batch is a function of the step alone: a run resumed at step s
+reads what the uninterrupted run read, on any number of hosts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from data_pipelines.tasks.formats import TaskDataError
+
+# A passage shorter than this many pieces is dropped: its 10% crops would be one piece.
+MIN_PASSAGE_PIECES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class PairRules:
+    """How a pair is made from a passage (the module docstring; config keys of the same
+    names in experiments/configs/embeddings_contrastive_pretraining.py)."""
+
+    crop_min_ratio: float = 0.1  # a crop's length as a share of its passage: at least
+    crop_max_ratio: float = 0.5  # ... and at most (Contriever's 10-50%)
+    token_deletion: float = 0.0  # each cropped piece dropped with this probability
+    sentence_fraction: float = 0.5  # share of pairs made by sentence -> rest of passage
+    keep_sentence: float = 0.1  # that sentence left in its positive with this probability
+
+    def check(self) -> None:
+        """One line naming the first key out of its range."""
+        low, high = self.crop_min_ratio, self.crop_max_ratio
+        if not 0 < low <= 1:
+            raise ValueError(f"--config.crop_min_ratio={low}: a share of the passage in (0, 1]")
+        if not 0 < high <= 1:
+            raise ValueError(f"--config.crop_max_ratio={high}: a share of the passage in (0, 1]")
+        if low > high:
+            raise ValueError(f"--config.crop_min_ratio={low} > --config.crop_max_ratio={high}")
+        for name in ("token_deletion", "sentence_fraction", "keep_sentence"):
+            value = getattr(self, name)
+            upper = 1.0 if name != "token_deletion" else 0.9
+            if not 0 <= value <= upper:
+                raise ValueError(f"--config.{name}={value}: a probability in [0, {upper}]")
+
+
+def read_documents(path: str | os.PathLike) -> list[list[str]]:
+    """The documents of a corpus file: one sentence a line, blank lines between documents.
+
+    Raises:
+        FileNotFoundError / IsADirectoryError naming the path; TaskDataError naming the file
+        and line of text that is not UTF-8, or a file with no text.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory; a corpus is a text file (one "
+                                "sentence a line, a blank line between documents)")  # fmt: skip
+    documents: list[list[str]] = [[]]
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8").strip()
+            except UnicodeDecodeError as error:
+                raise TaskDataError(f"{path}:{number}: not UTF-8 ({error.reason} at byte "
+                                    f"{error.start})") from None  # fmt: skip
+            if line:
+                documents[-1].append(line)
+            elif documents[-1]:
+                documents.append([])
+    documents = [d for d in documents if d]
+    if not documents:
+        raise TaskDataError(f"{path}: no text (one sentence a line, blank lines between "
+                            "documents)")  # fmt: skip
+    return documents
+
+
+@dataclasses.dataclass(frozen=True)
+class Passages:
+    """Each passage as its sentences' piece ids (no special tokens)."""
+
+    sentences: list[list[np.ndarray]]
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+
+def make_passages(documents: Sequence[Sequence[str]], tokenizer, passage_pieces: int) -> Passages:
+    """Documents' consecutive sentences packed into passages of at most `passage_pieces`
+    pieces; passages under MIN_PASSAGE_PIECES pieces dropped."""
+    flat = [s for d in documents for s in d]
+    encoded = iter(tokenizer.encode_batch(flat))
+    passages: list[list[np.ndarray]] = []
+    for document in documents:
+        current: list[np.ndarray] = []
+        size = 0
+        for _ in document:
+            ids = np.asarray(next(encoded), np.int32)[:passage_pieces]
+            if not len(ids):
+                continue
+            if current and size + len(ids) > passage_pieces:
+                passages.append(current)
+                current, size = [], 0
+            current.append(ids)
+            size += len(ids)
+        if current:
+            passages.append(current)
+    return Passages([p for p in passages if sum(map(len, p)) >= MIN_PASSAGE_PIECES])
+
+
+def _crop(rng: np.random.Generator, pieces: np.ndarray, rules: PairRules) -> np.ndarray:
+    n = len(pieces)
+    ratio = rng.uniform(rules.crop_min_ratio, rules.crop_max_ratio)
+    length = min(n, max(1, int(round(ratio * n))))
+    start = int(rng.integers(0, n - length + 1))
+    span = pieces[start : start + length]
+    if rules.token_deletion:
+        kept = span[rng.random(len(span)) >= rules.token_deletion]
+        span = kept if len(kept) else span[:1]
+    return span
+
+
+def make_pair(
+    rng: np.random.Generator, sentences: list[np.ndarray], rules: PairRules
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """(query pieces, positive pieces, rule) of one passage by `rules`."""
+    if len(sentences) >= 2 and rng.random() < rules.sentence_fraction:
+        i = int(rng.integers(len(sentences)))
+        keep = rng.random() < rules.keep_sentence
+        rest = [s for j, s in enumerate(sentences) if keep or j != i]
+        return sentences[i], np.concatenate(rest), "sentence"
+    pieces = np.concatenate(sentences)
+    return _crop(rng, pieces, rules), _crop(rng, pieces, rules), "crop"
+
+
+class PairStream:
+    """The contrastive batches of a corpus, a pure function of the step (module docstring).
+
+    Args:
+        passages: `make_passages`' output.
+        tokenizer: gives the special tokens ([CLS] pieces [SEP]) and the pad id.
+        rules: `PairRules`.
+        batch_size: pairs a step (the global batch).
+        query_length / passage_length: the longest query / positive in tokens, special
+            tokens included; longer ones are cut.
+        seed: the data order's and the draws' seed.
+    """
+
+    def __init__(
+        self, passages: Passages, tokenizer, rules: PairRules, batch_size: int,
+        query_length: int, passage_length: int, seed: int, source: str = "corpus",
+    ):  # fmt: skip
+        rules.check()
+        if len(passages) < batch_size:
+            raise ValueError(
+                f"{source}: {len(passages)} passages of {MIN_PASSAGE_PIECES}+ pieces, fewer "
+                f"than --config.global_batch_size={batch_size} (each pair of a batch needs "
+                "a passage of its own)"
+            )
+        self.passages, self.tokenizer, self.rules = passages, tokenizer, rules
+        self.batch_size, self.seed = batch_size, seed
+        self.lengths = {"query": query_length, "positive": passage_length}
+        self.per_epoch = len(passages) // batch_size
+
+    def passage_ids(self, step: int) -> np.ndarray:
+        """The passages of step `step` (0-based): epoch e's permutation from (seed, e)."""
+        epoch, index = divmod(step, self.per_epoch)
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.passages))
+        return order[index * self.batch_size : (index + 1) * self.batch_size]
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        """The global batch of `step`: (B, T) tokens and masks of queries and positives, each
+        kind padded to its longest in the batch rounded up to 16, and `positive_ids` (the
+        passages: pairs of one passage are not each other's negatives)."""
+        ids = self.passage_ids(step)
+        texts: dict[str, list[list[int]]] = {"query": [], "positive": []}
+        for row, passage in enumerate(ids):
+            rng = np.random.default_rng([self.seed, step, row, 7])
+            query, positive, _ = make_pair(rng, self.passages.sentences[passage], self.rules)
+            for kind, pieces in (("query", query), ("positive", positive)):
+                room = self.lengths[kind] - self.tokenizer.num_special_tokens(False)
+                texts[kind].append(self.tokenizer.with_special_tokens(list(pieces[:room]))[0])
+        out = {"positive_ids": ids.astype(np.int32)}
+        for kind, rows in texts.items():
+            width = min(self.lengths[kind], -(-max(map(len, rows)) // 16) * 16)
+            tokens = np.full((len(rows), width), self.tokenizer.pad_id, np.int32)
+            mask = np.zeros_like(tokens)
+            for i, row in enumerate(rows):
+                tokens[i, : len(row)], mask[i, : len(row)] = row, 1
+            out[f"{kind}_tokens"], out[f"{kind}_mask"] = tokens, mask
+        return out
