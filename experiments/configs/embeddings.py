@@ -35,7 +35,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.query_max_seq_length = 0  # query pieces kept (0: max_seq_length); a question is short
     config.eval_batch_size = 128  # texts per forward pass when scoring dev_file
     config.checkpoint_every = 0  # steps between resumable saves in <workdir>/state (0: none)
-    # Contrastive pretraining (configs/embeddings_contrastive_pretraining.py): pairs made from raw text.
+    # Contrastive pretraining (embeddings_contrastive_pretraining.py): pairs from raw text.
     config.corpus_files = ""  # one sentence a line, blank lines between documents ('': none)
     config.crop_min_ratio = 0.1  # a crop's share of its passage: at least (Contriever)
     config.crop_max_ratio = 0.5  # ... at most

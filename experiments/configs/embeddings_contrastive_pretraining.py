@@ -1,7 +1,8 @@
 r"""Contrastive pretraining on raw text: an encoder learns to embed before any labelled pair
 (issue 81; docs/embeddings.md "Contrastive pretraining").
 
-  python -m experiments.finetune_embeddings --config=experiments/configs/embeddings_contrastive_pretraining.py \
+  python -m experiments.finetune_embeddings \
+      --config=experiments/configs/embeddings_contrastive_pretraining.py \
       --config.corpus_files=corpus.txt --config.vocab_file=vocab.txt --workdir=workdirs/cpt \
       [--config.init_from=<an MLM pretraining workdir> | --config.from_scratch=True \
        --config.bert_config_file=<config.json>]
