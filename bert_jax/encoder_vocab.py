@@ -76,14 +76,15 @@ def saved_casing(path: str) -> tuple[bool | None, str]:
                     return meta["do_lower_case"], meta_path
                 path, started_from = directory, meta.get("init_from")
                 break
-        directory = path if os.path.isdir(path) else os.path.dirname(path)
-        where = os.path.join(directory, "tokenizer_config.json")
-        try:
-            lower = vocab_fingerprint.configured_lower_case(path)
-        except (ValueError, AttributeError) as error:  # not JSON, or not an object
-            raise ValueError(f"{where}: not a JSON object ({error})") from None
-        if lower is not None:
-            return lower, where
+        for candidate in dict.fromkeys([path, _model_dir(path)]):  # a s-t module's folder too
+            directory = candidate if os.path.isdir(candidate) else os.path.dirname(candidate)
+            where = os.path.join(directory, "tokenizer_config.json")
+            try:
+                lower = vocab_fingerprint.configured_lower_case(candidate)
+            except (ValueError, AttributeError) as error:  # not JSON, or not an object
+                raise ValueError(f"{where}: not a JSON object ({error})") from None
+            if lower is not None:
+                return lower, where
         saved = _train_state_config(path).get("vocab_fingerprint") or {}
         if isinstance(saved.get("do_lower_case"), bool):
             return saved["do_lower_case"], f"the vocabulary fingerprint saved in {path}"
@@ -91,6 +92,17 @@ def saved_casing(path: str) -> tuple[bool | None, str]:
             break
         path = started_from  # a fine-tune records none: its encoder's, as it was refused else
     return None, ""
+
+
+def _model_dir(path: str) -> str:
+    """Where the weights of the model at `path` are (`convert.locations.resolve`: a
+    sentence-transformers directory's module folder), else `path`."""
+    from bert_jax.convert import locations
+
+    try:
+        return locations.resolve(path)
+    except ValueError:  # two models in one directory: loading it says so
+        return path
 
 
 def _casing(lower: bool) -> str:

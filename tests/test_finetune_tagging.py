@@ -76,7 +76,7 @@ def test_finetune_end_to_end_writes_scores_and_conlleval_files(tmp_path):
         learning_rate=1e-3, log_every=1,
     )  # fmt: skip
     config.train_batch_size = 16  # 9 training sentences: not one batch
-    with pytest.raises(ValueError, match="9 training examples < train_batch_size"):
+    with pytest.raises(ValueError, match="9 training examples < --config.train_batch_size=16"):
         ftt.finetune(config, str(tmp_path / "refused"))
     config.train_batch_size = 8
     results = ftt.finetune(config, str(tmp_path / "run"))

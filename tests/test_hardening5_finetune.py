@@ -573,3 +573,28 @@ def test_a_tagging_split_of_one_tag_is_refused(tmp_path):
                              dev_file=str(tmp_path / "dev.txt"))  # fmt: skip
     with pytest.raises(TaskDataError, match=r"all 3 training words are tagged 'O'"):
         finetune_tagging.check_train_tags(task)
+
+
+def test_a_cased_encoder_fine_tuned_end_to_end_stays_cased(tmp_path, cased_hf):
+    """The issue's case through a whole fine-tuning run: finetuned.json says
+    do_lower_case false, and the fine-tuned model embeds `KING HENRY` apart from
+    `king henry`."""
+    from experiments import finetune_classification
+    from experiments.configs import finetune_own_classification
+
+    train = tmp_path / "train.tsv"
+    train.write_text("text\tlabel\n" + "".join(f"text {i}\t{'ab'[i % 2]}\n" for i in range(8)))
+    config = finetune_own_classification.get_config()
+    config.init_from, config.train_file = cased_hf, str(train)
+    config.num_epochs, config.train_batch_size, config.eval_batch_size = 1, 8, 8
+    config.max_seq_length = 16
+    workdir = tmp_path / "W"
+    results = finetune_classification.finetune(config, str(workdir), show_progress=False)
+    assert results["do_lower_case"] is False
+    meta = json.loads((workdir / "checkpoint" / "finetuned.json").read_text())
+    assert meta["do_lower_case"] is False
+    texts = tmp_path / "texts.txt"
+    texts.write_text("KING HENRY\nking henry\n")
+    embed.run(str(workdir / "checkpoint"), str(texts), str(tmp_path / "e.npy"), batch_size=2)
+    rows = np.load(tmp_path / "e.npy")
+    assert not np.allclose(rows[0], rows[1])
