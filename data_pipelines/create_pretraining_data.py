@@ -165,10 +165,11 @@ def iter_chunks(
 
 def check_outputs_are_not_inputs(options: Options) -> None:
     """Refuses output shards (or their stats JSON) that are an input file, the vocabulary
-    or a word segmentation file, by real path (`paths.check_not_an_input`).
+    or a word segmentation file, by real path (`paths.check_not_an_input`), or a directory.
 
     Raises:
         paths.OutputIsInputError: naming the output and the input.
+        IsADirectoryError: naming the output.
     """
     inputs = [options.vocab_file]
     for pattern in (p.strip() for p in options.input_file.split(",")):
@@ -184,6 +185,11 @@ def check_outputs_are_not_inputs(options: Options) -> None:
     outputs = tfrecord_files.shard_paths(options.output_file, options.num_output_shards)
     for output in [*outputs, outputs[0] + tfrecord_files.STATS_SUFFIX]:
         paths.check_not_an_input(output, inputs)
+        if "://" not in output and os.path.isdir(output):  # else refused only after the run
+            raise IsADirectoryError(
+                f"--output_file: {output} is a directory; name the file to write in it "
+                f"(e.g. {os.path.join(output, 'train.tfrecord')})"
+            )
 
 
 def create_pretraining_data(options: Options) -> dict[str, Any]:

@@ -167,6 +167,16 @@ def test_create_pretraining_data_unwritable_output_in_one_line(corpus, tmp_path)
     )  # fmt: skip
     assert str(blocker) in _one_line_error(run, "create_pretraining_data")
     assert blocker.read_text() == ""
+    # An output that is a directory: refused at the start, not after the run, naming it.
+    directory = tmp_path / "records"
+    directory.mkdir()
+    run = _run(
+        "data_pipelines.create_pretraining_data", f"--input_file={corpus}",
+        f"--output_file={directory}", f"--vocab_file={_minilm_vocab()}",
+    )  # fmt: skip
+    last = _one_line_error(run, "create_pretraining_data")
+    assert f"--output_file: {directory} is a directory" in last
+    assert os.listdir(directory) == [] and "instances" not in run.stdout
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +296,10 @@ def test_a_failed_beam_run_leaves_nothing_in_tmpdir(corpus, tmp_path, mode):
     last = _one_line_error(run, "beam_records")
     assert last == f"beam_records: no documents in the input {empty}"
     assert left == [] and not out.parent.exists()
+    # An output that is a directory: refused before the pipeline starts.
+    run, left = _beam(tmp_path, *_beam_flags(corpus, tmp_path, f"--direct_running_mode={mode}"))
+    assert f"--output_file: {tmp_path} is a directory" in _one_line_error(run, "beam_records")
+    assert left == []
 
 
 @needs_beam
