@@ -456,9 +456,10 @@ def detect_format(path: str | os.PathLike) -> str:
                 "complete checkpoints are numbered step directories there)"
             )
     raise ConversionError(
-        f"{path}: not a Hugging Face directory (config.json + model.safetensors), a Google TF "
-        "checkpoint (bert_model.ckpt prefix or its directory), a params-only Orbax directory "
-        "or a pretraining workdir / checkpoint directory"
+        f"{path}: not a Hugging Face directory (config.json + model.safetensors), a "
+        "sentence-transformers directory (modules.json), a Google TF checkpoint "
+        "(bert_model.ckpt prefix or its directory), a params-only Orbax directory, a "
+        "pretraining workdir / checkpoint directory or a fine-tuning workdir (checkpoint/)"
     )
 
 
