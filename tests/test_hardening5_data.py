@@ -513,6 +513,30 @@ def test_a_step_set_aside_again_gets_a_new_name(tmp_path, caplog):
                                              "2.unreadable.3"]  # fmt: skip
 
 
+def test_a_save_that_does_not_read_back_is_set_aside_beside_an_earlier_one(tmp_path, monkeypatch):
+    from bert_jax import checkpointing
+
+    directory = tmp_path / "checkpoints"
+    manager = checkpointing.make_manager(directory, max_to_keep=1)  # async, as in training
+    state = {"step": np.int32(1), "params": {"k": np.ones((8, 8), np.float32)}}
+    checkpointing.save(manager, 1, state, [{"step": 1}], {})
+    checkpointing.finish_saves(manager)
+    (directory / "2.unreadable").mkdir()  # an earlier run's step 2, set aside
+
+    def unreadable(step_dir, expected):
+        raise ValueError("its metadata does not read")
+
+    monkeypatch.setattr(checkpointing, "check_readable", unreadable)
+    checkpointing.save(manager, 2, dict(state, step=np.int32(2)), [{"step": 2}], {})
+    with pytest.raises(checkpointing.CheckpointError) as error:
+        checkpointing.finish_saves(manager)
+    manager.close()
+    assert f"set aside as {directory / '2'}.unreadable.2; step 1 is the last good one" in str(
+        error.value
+    )
+    assert sorted(os.listdir(directory)) == ["1", "2.unreadable", "2.unreadable.2"]
+
+
 def test_aside_names_count_up(tmp_path):
     from bert_jax.checkpoint_reading import aside_name
 
