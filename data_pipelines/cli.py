@@ -137,7 +137,10 @@ def config_keys_help(argv: list[str]) -> str:
     value in its file and the comment beside it there: what `--config.<key>=value` can
     override. The file is the one named on the command line (`--config=<file>`, before or
     after `--help`), else the flag's default."""
-    from ml_collections.config_flags.config_flags import ConfigFileFlagParser
+    try:
+        from ml_collections.config_flags.config_flags import ConfigFileFlagParser
+    except ImportError:  # .venv-beam (beam_records' own) has none: no config flag there
+        return ""
 
     out = []
     for name, flag in sorted(flags.FLAGS._flags().items()):  # noqa: SLF001 - absl's own map

@@ -303,6 +303,16 @@ def test_a_failed_beam_run_leaves_nothing_in_tmpdir(corpus, tmp_path, mode):
 
 
 @needs_beam
+def test_beam_records_help_in_its_own_venv(tmp_path):
+    # .venv-beam has no ml_collections, which the help's config-key listing imports.
+    run = _run("data_pipelines.beam_records", "--help", python=BEAM_PYTHON, cwd=str(tmp_path),
+               env={"PYTHONPATH": REPO})  # fmt: skip
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert "--num_output_shards:" in run.stdout and "--[no]dry_run:" in run.stdout
+    assert os.listdir(tmp_path) == []
+
+
+@needs_beam
 def test_a_beam_run_stopped_by_sigterm_leaves_nothing(corpus, tmp_path):
     import signal
     import time
