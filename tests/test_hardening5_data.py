@@ -2,9 +2,10 @@
 instances, Beam's temporary directories, every module's --help, one-line errors of
 create_pretraining_data and build_vocab, a step set aside twice, WORKDIR with a space.
 
-Every case runs the command a user runs (a subprocess each; the tools answer in under a
-second before any heavy import) and checks the exit status, the last line, that no
-traceback was printed and that nothing was left behind.
+Every case runs the command a user runs (a subprocess each, but the --help of every module:
+a fork each of one warm interpreter; the tools answer in under a second, before any heavy
+import) and checks the exit status, the last line, that no traceback was printed and that
+nothing was left behind.
 """
 
 from __future__ import annotations
