@@ -28,10 +28,18 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or read; the message names the directory."""
 
 
-def _make_manager(directory: str):
-    from bert_jax.checkpointing import make_manager  # the writer's module imports this one
+# The items of a checkpoint step, as `bert_jax.checkpointing` writes them.
+ITEMS = ("state", "data", "config")
 
-    return make_manager(directory, async_save=False, create=False)
+
+def _make_manager(directory: str) -> ocp.CheckpointManager:
+    """A `CheckpointManager` that only reads `directory` (local or `gs://`): it makes no
+    directory and writes nothing (`bert_jax.checkpointing.make_manager` is the writer's)."""
+    directory = os.fspath(directory)
+    if "://" not in directory:  # Orbax refuses relative local paths
+        directory = os.path.abspath(directory)
+    options = ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)
+    return ocp.CheckpointManager(directory, options=options, item_names=ITEMS)
 
 
 def abstract_like(state, shardings):

@@ -38,6 +38,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from bert_jax.checkpoint_reading import (  # noqa: F401 - this module's public names too
+    ITEMS,
     CheckpointError,
     _reason_line,
     _set_aside,
@@ -55,7 +56,6 @@ from bert_jax.checkpoint_reading import (  # noqa: F401 - this module's public n
     tree_shapes,
 )
 
-_ITEMS = ("state", "data", "config")
 # Orbax writes step N into "N.orbax-checkpoint-tmp..." and renames it when complete.
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
@@ -151,7 +151,7 @@ def make_manager(
         if create:
             _check_writable(directory)
     _one_replica_writes_on_cpu()
-    return _Manager(directory, options=options, item_names=_ITEMS, keep=max_to_keep)
+    return _Manager(directory, options=options, item_names=ITEMS, keep=max_to_keep)
 
 
 def _one_replica_writes_on_cpu() -> None:
