@@ -60,8 +60,8 @@ import time
 from bert_jax.hlo_cycles import CYCLES as _CYCLES
 from bert_jax.hlo_cycles import FREE as _FREE
 from bert_jax.hlo_cycles import loop_trips as _trips
-from experiments import aot_compile
-from experiments.aot_compile import HBM_HEADROOM, GiB, MemoryUse
+from experiments import aot_costs, aot_report
+from experiments.aot_report import HBM_HEADROOM, GiB, MemoryUse
 from experiments.tpu_slice import accelerator_type, topology_chips
 
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -191,7 +191,7 @@ def price_collectives(mesh, candidates: tuple[int, int], weight_shapes: list) ->
 
     def seconds(fn, *shapes):
         args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=data) for s in shapes]
-        return aot_compile.optimal_seconds(jax.jit(fn).lower(*args).compile()) or 0.0
+        return aot_costs.optimal_seconds(jax.jit(fn).lower(*args).compile()) or 0.0
 
     def sharded(fn, out):
         spec = PartitionSpec(axes)
@@ -238,10 +238,10 @@ class ContrastiveReport:
 
     @property
     def fits(self) -> bool:
-        return aot_compile.fits(self.train.total, self.hbm_bytes)
+        return aot_report.fits(self.train.total, self.hbm_bytes)
 
     def mfu(self, which: str) -> float:
-        return aot_compile.implied_mfu(
+        return aot_report.implied_mfu(
             self.flops[which], self.step_seconds, self.peak_flops_per_device, self.num_devices
         )
 
@@ -283,7 +283,7 @@ class ContrastiveReport:
             f"compiler's estimate: {seconds * 1e3:.1f} ms/step (the loops' bodies counted once: "
             f"{self.raw_seconds * 1e3:.1f} ms) = MFU {self.mfu('model'):.1%} (model FLOPs), "
             f"{self.mfu('with_recompute'):.1%} with the cached forward",
-            f"  {self.steps:,} steps = {aot_compile.duration(days)} "
+            f"  {self.steps:,} steps = {aot_report.duration(days)} "
             f"({days * 24 * self.num_chips:,.0f} chip-hours); {self.texts / seconds:,.0f} texts/s",
             _per_op_line(self),
             _calibrated_line(self),
@@ -316,13 +316,13 @@ def _per_op_line(report: ContrastiveReport) -> str:
     if not per_op:
         return "per-op estimate: none (no clock known for this chip)"
     days = per_op * report.steps / 86400
-    mfu = aot_compile.implied_mfu(
+    mfu = aot_report.implied_mfu(
         report.flops["model"], per_op, report.peak_flops_per_device, report.num_devices
     )
     return (
         f"per-op estimate (estimated_cycles at the chip's clock, loops x trips, kernels by "
         f"their cost estimates): {per_op * 1e3:.1f} ms/step ({per_op / report.step_seconds:.2f}x"
-        f") = MFU {mfu:.1%}, {aot_compile.duration(days)} "
+        f") = MFU {mfu:.1%}, {aot_report.duration(days)} "
         f"({days * 24 * report.num_chips:,.0f} chip-hours)"
     )
 
@@ -339,7 +339,7 @@ def _calibrated_line(report: ContrastiveReport) -> str:
     days = [seconds * report.steps / 86400 for seconds in found]
     return (
         f"CALIBRATED ESTIMATE (headline): {found[0] * 1e3:.1f}-{found[1] * 1e3:.1f} ms/step, "
-        f"{report.steps:,} steps = {aot_compile.duration_range(*days)} "
+        f"{report.steps:,} steps = {aot_report.duration_range(*days)} "
         f"({days[0] * 24 * report.num_chips:,.0f}-{days[1] * 24 * report.num_chips:,.0f} "
         f"chip-hours); calibrated by {calibration.describe()}"
     )
@@ -395,30 +395,30 @@ def check(
     `layers` layers where given) and reports it."""
     from bert_jax import embeddings_train
 
-    devices = aot_compile.slice_devices(topology)
+    devices = aot_costs.slice_devices(topology)
     kind = devices[0].device_kind
     start = time.perf_counter()
     lowered, mesh, cfg, weights = lower_step(config, devices, negatives, layers)
     compiled = lowered.compile()
     seconds = time.perf_counter() - start
-    raw = aot_compile.optimal_seconds(compiled) if estimate else None
+    raw = aot_costs.optimal_seconds(compiled) if estimate else None
     program = program_costs(compiled.as_text(), set(weights), len(devices)) if raw else None
     step = raw * program.cycles / program.counted_cycles if program else raw
     pairs = config.global_batch_size
     candidates = (pairs * (1 + negatives), cfg.hidden_size)
     alone = price_collectives(mesh, candidates, weights) if raw else None
-    per_op = aot_compile.per_op_seconds(compiled, kind) if raw else None
+    per_op = aot_costs.per_op_seconds(compiled, kind) if raw else None
     return ContrastiveReport(
         topology=topology,
         device_kind=kind,
         num_devices=len(devices),
         num_chips=topology_chips(topology),
         mesh_shape=dict(mesh.shape),
-        hbm_bytes=aot_compile.device_hbm_bytes(kind),
+        hbm_bytes=aot_costs.device_hbm_bytes(kind),
         train=MemoryUse.of(compiled),
         flops=embeddings_train.flops_per_step(cfg, pairs, negatives, config.max_seq_length),
         steps=config.num_train_steps,
-        peak_flops_per_device=aot_compile.device_peak_flops(kind),
+        peak_flops_per_device=aot_costs.device_peak_flops(kind),
         compile_seconds=seconds,
         layout=layout_of(config, dict(mesh.shape), cfg, negatives, len(devices)),
         texts=pairs * (2 + negatives),
@@ -509,7 +509,7 @@ def run(
         else:
             report = check(config, topology, negatives, estimate)
     except Exception as e:  # noqa: BLE001  (the compiler's errors are not typed)
-        if not aot_compile.is_out_of_memory(e):
+        if not aot_costs.is_out_of_memory(e):
             raise
         print(f"DOES NOT FIT on {topology}: the TPU compiler ran out of HBM:\n{e}")
         return 1
