@@ -2,7 +2,8 @@
 (`check_not_an_input`), a directory whose name holds glob characters (`check_no_glob`), a
 file pattern that names an existing file literally (`literal_or_glob`), and the output
 directories a run makes, removed again when it fails (`make_directories`,
-`remove_empty_directories`).
+`remove_empty_directories`), and the one rule for links in a model directory
+(`check_inside`, `model_file`).
 
 It lives in `data_pipelines`, the lowest package: the data tools, `bert_jax` and the
 entry points in `experiments` all import it from here.
@@ -25,6 +26,10 @@ class OutputIsInputError(ValueError):
 
 class GlobCharactersError(ValueError):
     """A directory name with glob characters that a library would read as a pattern."""
+
+
+class LinkOutsideError(ValueError):
+    """A file of a model directory that links outside it; names the file and its target."""
 
 
 def _real(path: str) -> str:
@@ -162,3 +167,55 @@ def remove_empty_directories(directories: Sequence[str]) -> None:
             os.rmdir(directory)
         except OSError:
             return
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def cache_blobs(directory: str) -> str | None:
+    """The `blobs/` of the Hugging Face cache model whose snapshot `directory` is, or None."""
+    real = os.path.realpath(directory)
+    snapshots = os.path.dirname(real)
+    model = os.path.dirname(snapshots)
+    if os.path.basename(snapshots) == "snapshots" and os.path.basename(model).startswith(
+        "models--"
+    ):
+        return os.path.join(model, "blobs")
+    return None
+
+
+def check_inside(
+    directory: str, path: str, what: str | None = None, error: type[Exception] = LinkOutsideError
+) -> str:
+    """`path` (a file of model directory `directory`), refused unless its real path is
+    inside the directory or, for a Hugging Face cache snapshot
+    (`.../models--<name>/snapshots/<rev>/`, whose files link to `../../blobs/<hash>`), inside
+    that model's blobs/: nothing from outside is read into, or copied with, a model.
+
+    Raises:
+      `error` (default LinkOutsideError; each package passes its own): one line naming the
+        file (`what`, default `path`) and where it leads.
+    """
+    if "://" in path:
+        return path
+    real = os.path.realpath(path)
+    if _under(real, os.path.realpath(directory)):
+        return path
+    blobs = cache_blobs(directory)
+    if blobs is not None and _under(real, os.path.realpath(blobs)):
+        return path
+    allowed = f"{directory}" + (f" or {blobs}" if blobs else "")
+    raise error(
+        f"{what or path}: a link to {real}, outside the model directory {allowed}; a model "
+        "directory reads only its own files (copy the file in to use it)"
+    )
+
+
+def model_file(directory: str, name: str, error: type[Exception] = LinkOutsideError) -> str | None:
+    """`directory/name` if it exists (`check_inside`: never a link out), else None."""
+    path = os.path.join(directory, name)
+    if not os.path.lexists(path):
+        return None
+    check_inside(directory, path, error=error)
+    return path if os.path.exists(path) else None

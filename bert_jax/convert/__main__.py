@@ -166,6 +166,23 @@ def trained_casing(source_dir: str) -> bool | None:
     return casing
 
 
+def embedding_encoder(path: str, config_file: str | None = None):
+    """("auto", False), or (our BertModel without a pooler, True) for a BERT checkpoint
+    that has none (a `finetune_embeddings` run's): what `load_pretrained` should build for an
+    embedding export, which needs no pooler and must not carry one made up at random."""
+    from bert_jax.convert.families import family_of
+    from bert_jax.convert.readers import open_source
+    from bert_jax.model import BertModel
+
+    source = open_source(path, config_file)
+    if source.config is None:
+        return "auto", False  # load_pretrained says what is missing
+    pooler = family_of(source.config).pooler
+    if not pooler or any(source.has(spec) for spec in pooler):
+        return "auto", False
+    return BertModel(source.config, add_pooling_layer=False), True
+
+
 def convert(
     input: str,
     output: str,
@@ -188,7 +205,7 @@ def convert(
         naming the file, flag or key; `main` prints it in one line.
     """
     # Here, not at the top: `-h` answers without loading JAX and Flax.
-    from bert_jax.convert import locations, sentence_transformers
+    from bert_jax.convert import locations
     from bert_jax.convert.electra import read_electra_train_state, save_hf_electra
     from bert_jax.convert.export import save_hf
     from bert_jax.convert.load import load_pretrained
@@ -214,9 +231,7 @@ def convert(
         return f"{output} (ELECTRA: the generator in {output}/generator)"
     model, pooler_left_out = "auto", False
     if fmt == "sentence-transformers":
-        model, pooler_left_out = sentence_transformers.embedding_encoder(
-            source_dir, bert_config_file
-        )
+        model, pooler_left_out = embedding_encoder(source_dir, bert_config_file)
     config, params, found_vocab = load_pretrained(
         source_dir, model=model, config_file=bert_config_file, allow_non_finite=allow_non_finite
     )

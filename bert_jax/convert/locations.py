@@ -1,8 +1,9 @@
 """Where a model's files are: the one rule for links inside a model directory, and the one
 resolver of a model location that every tool taking a model goes through.
 
-A model directory reads only its own files (`model_file`): a file that is a symlink (or
-lies under one) is followed when its real path stays inside the directory, or, in a
+A model directory reads only its own files (`model_file`; the rule is
+`data_pipelines.paths.check_inside`'s, which the tokenizers apply too): a file that is a
+symlink (or lies under one) is followed when its real path stays inside the directory, or, in a
 Hugging Face cache snapshot (`.../models--<name>/snapshots/<rev>/`, whose files are links
 to `../../blobs/<hash>`), inside that model's `blobs/`; any other target is refused, naming
 the file and where it leads, so that nothing from outside is read into, or copied with, a
@@ -28,49 +29,23 @@ import shutil
 from collections.abc import Sequence
 
 from bert_jax.convert.names import ConversionError
+from data_pipelines import paths
+from data_pipelines.paths import cache_blobs  # noqa: F401 - the rule's, importable here too
 
 # What a fine-tuning run leaves in its workdir: `finetune_common.save_finetuned`'s directory.
 FINETUNED_DIR = "checkpoint"
 FINETUNED_FILE = "finetuned.json"
 
 
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def cache_blobs(directory: str) -> str | None:
-    """The `blobs/` of the Hugging Face cache model whose snapshot `directory` is, or None."""
-    real = os.path.realpath(directory)
-    snapshots = os.path.dirname(real)
-    model = os.path.dirname(snapshots)
-    if os.path.basename(snapshots) == "snapshots" and os.path.basename(model).startswith(
-        "models--"
-    ):
-        return os.path.join(model, "blobs")
-    return None
-
-
 def check_inside(directory: str, path: str, what: str | None = None) -> str:
     """`path` (a file of model directory `directory`), refused unless its real path is
-    inside the directory or, for a Hugging Face cache snapshot, inside the model's blobs/.
+    inside the directory or, for a Hugging Face cache snapshot, inside the model's blobs/
+    (`data_pipelines.paths.check_inside`).
 
     Raises:
       ConversionError: one line naming the file (`what`, default `path`) and its target.
     """
-    if "://" in path:
-        return path
-    real = os.path.realpath(path)
-    root = os.path.realpath(directory)
-    if _under(real, root):
-        return path
-    blobs = cache_blobs(directory)
-    if blobs is not None and _under(real, os.path.realpath(blobs)):
-        return path
-    allowed = f"{directory}" + (f" or {blobs}" if blobs else "")
-    raise ConversionError(
-        f"{what or path}: a link to {real}, outside the model directory {allowed}; a model "
-        "directory reads only its own files (copy the file in to use it)"
-    )
+    return paths.check_inside(directory, path, what, error=ConversionError)
 
 
 def check_index_entry(directory: str, name: object, index: str) -> None:
@@ -99,11 +74,7 @@ def check_tree(directory: str, path: str) -> None:
 
 def model_file(directory: str, name: str) -> str | None:
     """`directory/name` if it exists (`check_inside`: never a link out), else None."""
-    path = os.path.join(directory, name)
-    if not os.path.lexists(path):
-        return None
-    check_inside(directory, path)
-    return path if os.path.exists(path) else None
+    return paths.model_file(directory, name, error=ConversionError)
 
 
 def _holds_own_model(path: str) -> bool:

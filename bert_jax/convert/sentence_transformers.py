@@ -19,8 +19,8 @@ import dataclasses
 import json
 import os
 
-from bert_jax.convert import locations
 from bert_jax.convert.names import ConversionError
+from data_pipelines import paths
 
 MODULES_FILE = "modules.json"
 _TRANSFORMER = "sentence_transformers.models.Transformer"
@@ -65,13 +65,18 @@ def _json(path: str):
         raise ConversionError(f"{path}: cannot be read ({error.strerror})") from None
 
 
+def _check_inside(directory: str, path: str, what: str | None = None) -> str:
+    # `locations.check_inside`, taken from below: `locations.resolve` imports this module.
+    return paths.check_inside(directory, path, what, error=ConversionError)
+
+
 def _inside(root: str, relative: str, what: str) -> str:
     """`root/relative`, refused when `relative` leaves `root` (absolute, `..`, a link out
-    but into a Hugging Face cache's blobs/: `locations.check_inside`)."""
+    but into a Hugging Face cache's blobs/: `data_pipelines.paths.check_inside`)."""
     if not isinstance(relative, str) or os.path.isabs(relative) or ".." in relative.split("/"):
         raise ConversionError(f"{what}: path {relative!r} is outside {root}")
     path = os.path.join(root, relative)
-    locations.check_inside(root, path, f"{what}: path {relative!r} ({path})")
+    _check_inside(root, path, f"{what}: path {relative!r} ({path})")
     return os.path.normpath(path)
 
 
@@ -92,7 +97,7 @@ def read_settings(path: str) -> Settings | None:
     """The settings of the sentence-transformers directory `path`; None if it is none."""
     if not is_sentence_transformers(path):
         return None
-    modules_file = locations.check_inside(path, os.path.join(path, MODULES_FILE))
+    modules_file = _check_inside(path, os.path.join(path, MODULES_FILE))
     modules = _json(modules_file)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise ConversionError(f"{modules_file}: expected a list of module entries")
@@ -105,7 +110,7 @@ def read_settings(path: str) -> Settings | None:
         )
     model_dir = _inside(path, modules[0].get("path", ""), modules_file)
     pooling_dir = _inside(path, modules[1].get("path", ""), modules_file)
-    pooling_file = locations.check_inside(path, os.path.join(pooling_dir, "config.json"))
+    pooling_file = _check_inside(path, os.path.join(pooling_dir, "config.json"))
     pooling_config = _json(pooling_file)
     if not isinstance(pooling_config, dict):
         raise ConversionError(f"{pooling_file}: expected a JSON object of pooling_mode_* keys")
@@ -118,29 +123,12 @@ def read_settings(path: str) -> Settings | None:
     max_length = None
     st_config = os.path.join(model_dir, "sentence_bert_config.json")
     if os.path.lexists(st_config):
-        locations.check_inside(path, st_config)
+        _check_inside(path, st_config)
         found = _json(st_config)
         if not isinstance(found, dict):
             raise ConversionError(f"{st_config}: expected a JSON object")
         max_length = check_max_seq_length(found.get("max_seq_length"), st_config)
     return Settings(_MODES[on[0]], _NORMALIZE in kinds, max_length, model_dir)
-
-
-def embedding_encoder(path: str, config_file: str | None = None):
-    """("auto", False), or (our BertModel without a pooler, True) for a BERT checkpoint
-    that has none (a `finetune_embeddings` run's): what `load_pretrained` should build for an
-    embedding export, which needs no pooler and must not carry one made up at random."""
-    from bert_jax.convert.families import family_of
-    from bert_jax.convert.readers import open_source
-    from bert_jax.model import BertModel
-
-    source = open_source(path, config_file)
-    if source.config is None:
-        return "auto", False  # load_pretrained says what is missing
-    pooler = family_of(source.config).pooler
-    if not pooler or any(source.has(spec) for spec in pooler):
-        return "auto", False
-    return BertModel(source.config, add_pooling_layer=False), True
 
 
 def module_files(
