@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 
 from bert_jax.convert.names import ConversionError
 from data_pipelines import paths
+
+log = logging.getLogger("bert_jax.convert")
 
 MODULES_FILE = "modules.json"
 _TRANSFORMER = "sentence_transformers.models.Transformer"
@@ -185,7 +188,11 @@ def _provenance(location: str) -> tuple[dict, dict]:
         if os.path.isfile(meta_file):
             workdir = location if checkpoint != location else os.path.dirname(location)
             metrics_file = os.path.join(workdir, "metrics.json")
-            metrics = _json(metrics_file) if os.path.isfile(metrics_file) else {}
+            try:  # the scores are a nicety: an export is not refused for want of them
+                metrics = _json(metrics_file) if os.path.isfile(metrics_file) else {}
+            except ConversionError as error:
+                log.warning("README.md without scores: %s", error)
+                metrics = {}
             meta = _json(meta_file)
             return (meta if isinstance(meta, dict) else {},
                     metrics if isinstance(metrics, dict) else {})  # fmt: skip
