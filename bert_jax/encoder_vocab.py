@@ -7,7 +7,9 @@ lower-cased text (or the reverse) runs without an error and reads other words. S
 casing is taken from the model (`saved_casing`: a fine-tuned checkpoint's finetuned.json, a
 tokenizer_config.json, a pretraining checkpoint's saved vocabulary fingerprint), a flag that
 says otherwise is refused naming both (`resolve_casing`), and a vocabulary other than the
-one the model saved is refused naming both files (`check_model_vocab`).
+one the model saved is refused naming both files (`check_model_vocab`). A fine-tuned model
+records the casing it was trained with (`with_casing` into finetuned.json, `write_casing`
+as a tokenizer_config.json beside its vocabulary).
 """
 
 from __future__ import annotations
@@ -186,3 +188,29 @@ def check_model_vocab(model: str, vocab_file: str, flag: str = "--vocab_file") -
             f"{now['sha256'][:12]}...): the same ids would mean other tokens. Leave {flag} "
             "unset to read the model's own"
         )
+
+
+def with_casing(metadata: dict, vocab_file: str | None) -> dict:
+    """A fine-tuned model's `metadata` (finetuned.json) with the `do_lower_case` it reads
+    text with: its own, else the one recorded for the encoder it started from (`init_from`;
+    fine-tuning refuses another)."""
+    if isinstance(metadata.get("do_lower_case"), bool) or not metadata.get("init_from"):
+        return metadata
+    if vocab_file and is_tokenizer_json(vocab_file):
+        return metadata  # its own normalizer decides
+    lower, _ = saved_casing(metadata["init_from"])
+    return metadata if lower is None else {**metadata, "do_lower_case": lower}
+
+
+def write_casing(directory: str, lower: bool | None) -> None:
+    """A tokenizer_config.json saying `lower` in a model `directory` whose vocab.txt or
+    .model has none, so that `embed`, `convert` and transformers read text with the casing
+    the model was trained with."""
+    path = os.path.join(directory, "tokenizer_config.json")
+    if not isinstance(lower, bool) or os.path.exists(path):
+        return
+    if os.path.exists(os.path.join(directory, "tokenizer.json")):
+        return  # its own normalizer decides
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"do_lower_case": lower}, f, indent=2)
+        f.write("\n")

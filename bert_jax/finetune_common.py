@@ -488,40 +488,19 @@ def save_finetuned(
     and renamed when complete, replacing an older checkpoint there (a kill leaves only that
     temporary, which the next save removes).
     """
+    from bert_jax import encoder_vocab
     from bert_jax.convert import readers
 
     readers.check_orbax_output(directory)
     convert.check_vocab(vocab_file, config)
-    metadata = with_casing(metadata, vocab_file)
+    # The casing the model reads text with, recorded for embed, convert and transformers.
+    metadata = encoder_vocab.with_casing(metadata, vocab_file)
     with convert.writing_dir(directory, overwrite=True) as tmp:
         readers.write_params(tmp, config, params, vocab_file=vocab_file)
         write_json(os.path.join(tmp, FINETUNED_FILE), metadata)
-        _write_casing(tmp, metadata.get("do_lower_case"))
+        encoder_vocab.write_casing(tmp, metadata.get("do_lower_case"))
     log.info("Saved the fine-tuned model to %s", directory)
     return directory
-
-
-def with_casing(metadata: dict, vocab_file: str | None) -> dict:
-    """`metadata` with the `do_lower_case` the model reads text with: its own, else the one
-    recorded for the encoder it started from (`init_from`; fine-tuning refuses another)."""
-    from bert_jax import encoder_vocab
-
-    if isinstance(metadata.get("do_lower_case"), bool) or not metadata.get("init_from"):
-        return metadata
-    if vocab_file and encoder_vocab.is_tokenizer_json(vocab_file):
-        return metadata  # its own normalizer decides
-    lower, _ = encoder_vocab.saved_casing(metadata["init_from"])
-    return metadata if lower is None else {**metadata, "do_lower_case": lower}
-
-
-def _write_casing(directory: str, lower: bool | None) -> None:
-    """A tokenizer_config.json saying `lower` beside a vocab.txt or .model that has none, so
-    that `embed`, `convert` and transformers read text with the casing the model was
-    trained with."""
-    path = os.path.join(directory, "tokenizer_config.json")
-    if isinstance(lower, bool) and not os.path.exists(path):
-        if not os.path.exists(os.path.join(directory, "tokenizer.json")):
-            write_json(path, {"do_lower_case": lower})
 
 
 def check_can_save(workdir: str, command: str) -> None:
