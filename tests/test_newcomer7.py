@@ -140,7 +140,7 @@ def test_an_embedding_export_has_a_card_no_made_up_pooler_and_loads_by_relative_
 
 def _help(*args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "experiments.finetune_embeddings", *args],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
 
