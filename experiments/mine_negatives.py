@@ -28,7 +28,10 @@ and `output_format="n-tuple"`, which tests/test_mine_negatives.py checks it agai
    the negatives. A query with fewer is left out of the output, and counted in the log.
 
 `range_max` defaults to range_min + num_negatives + P, or range_min + 10 x num_negatives + P
-with a score filter (some candidates will be removed).
+with a score filter (some candidates will be removed). One difference: where queries have
+different numbers of positives, sentence-transformers 5.1.2 takes each query's lowest
+positive score over a shifted slice of the positives (its running offset adds the previous
+query's count, the last one's for the first); here it is the query's own.
 """
 
 from __future__ import annotations
