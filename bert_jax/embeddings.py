@@ -248,35 +248,45 @@ class EmbeddingModel(NamedTuple):
 def directory_settings(path: str) -> tuple[dict[str, Any], str] | None:
     """(pooling / normalize / max_seq_length, the file that says so) of an embedding model
     directory: a sentence-transformers directory's modules, or the `embedding` block that
-    `experiments.finetune_embeddings` saves in its checkpoint's finetuned.json; else None."""
+    `experiments.finetune_embeddings` saves in its checkpoint's finetuned.json (of the
+    model `convert.locations.resolve` finds at `path`); else None.
+
+    Raises:
+      ConversionError: a directory holding its own model and a fine-tuned one (`resolve`),
+        or a file of it that links outside it.
+    """
     import json
     import os
 
-    from bert_jax.convert import sentence_transformers
+    from bert_jax.convert import locations, sentence_transformers
 
     settings = sentence_transformers.read_settings(path) if os.path.isdir(path) else None
     if settings is not None:
         found = {"pooling": settings.pooling, "normalize": settings.normalize,
                  "max_seq_length": settings.max_seq_length}  # fmt: skip
         return found, os.path.join(path, sentence_transformers.MODULES_FILE)
-    for candidate in (path, os.path.join(path, "checkpoint")):
-        meta = os.path.join(candidate, "finetuned.json")
-        if os.path.isfile(meta):
-            with open(meta, encoding="utf-8") as f:
-                block = json.load(f).get("embedding")
-            if block:
-                return dict(block), meta
+    model_dir = locations.resolve(path)
+    meta = os.path.isdir(model_dir) and locations.model_file(model_dir, locations.FINETUNED_FILE)
+    if meta:
+        with open(meta, encoding="utf-8") as f:
+            block = json.load(f).get("embedding")
+        if block:
+            return dict(block), meta
     return None
 
 
 def _do_lower_case(vocab_file: str) -> bool:
     """tokenizer_config.json's `do_lower_case` beside the vocabulary (True where it says
-    nothing, as transformers' BertTokenizer; a tokenizer.json normalises by itself)."""
+    nothing, as transformers' BertTokenizer; a tokenizer.json normalises by itself); one
+    that links out of the vocabulary's directory is refused (`locations.model_file`)."""
     import json
     import os
 
-    config = os.path.join(os.path.dirname(os.path.abspath(vocab_file)), "tokenizer_config.json")
-    if not os.path.isfile(config):
+    from bert_jax.convert import locations
+
+    directory = os.path.dirname(os.path.abspath(vocab_file))
+    config = locations.model_file(directory, "tokenizer_config.json")
+    if config is None or not os.path.isfile(config):
         return True
     with open(config, encoding="utf-8") as f:
         return bool(json.load(f).get("do_lower_case", True))
@@ -298,24 +308,23 @@ def load_embedding_model(
     (`directory_settings`), else mean pooling, no normalisation and the model's positions
     (at most 512). `do_lower_case` None takes tokenizer_config.json's beside the vocabulary.
     """
-    import os
-
     from bert_jax import convert
+    from bert_jax.convert import locations
     from data_pipelines.tokenization import load_tokenizer
 
+    if max_seq_length is not None and (isinstance(max_seq_length, bool) or max_seq_length < 3):
+        # Before the model is read: 0 is a length, not "the directory's own" (None is).
+        raise ValueError(f"max_seq_length={max_seq_length} must be at least 3 tokens (the "
+                         "special tokens and one of text)")  # fmt: skip
     found, where = directory_settings(path) or ({}, "default")
     chosen = {"pooling": pooling, "normalize": normalize, "max_seq_length": max_seq_length}
     source = "flags" if pooling is not None and normalize is not None else where
     settings = {k: v if v is not None else found.get(k) for k, v in chosen.items()}
     settings["pooling"] = check_pooling(settings["pooling"] or "mean")
     settings["normalize"] = bool(settings["normalize"])
-    model_dir = path
-    if where.endswith("modules.json"):
-        from bert_jax.convert import sentence_transformers
-
-        model_dir = sentence_transformers.read_settings(path).model_dir
-    elif where.endswith("finetuned.json"):  # a finetune_embeddings workdir or its checkpoint
-        model_dir = os.path.dirname(where)
+    # A sentence-transformers directory's module folder, a fine-tuning workdir's checkpoint/,
+    # ...: the one resolver `convert` reads through, so both read the same model.
+    model_dir = locations.resolve(path)
     template = BertForEmbedding(BertConfig(), settings["pooling"], settings["normalize"])
     config, params, found_vocab = convert.load_pretrained(model_dir, model=template)
     vocab_file = vocab_file or found_vocab
@@ -325,7 +334,9 @@ def load_embedding_model(
     if do_lower_case is None:
         do_lower_case = _do_lower_case(vocab_file)
     tokenizer = load_tokenizer(vocab_file, do_lower_case=do_lower_case)
-    length = settings["max_seq_length"] or min(512, config.max_position_embeddings)
+    length = settings["max_seq_length"]  # 0 is refused below, not taken for "unset"
+    if length is None:
+        length = min(512, config.max_position_embeddings)
     if not 3 <= length <= config.max_position_embeddings:
         raise ValueError(f"max_seq_length={length} must be in [3, max_position_embeddings="
                          f"{config.max_position_embeddings}] of {path}")  # fmt: skip

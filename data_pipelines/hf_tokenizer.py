@@ -44,6 +44,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer as RustTokenizer
 
+from data_pipelines import paths
 from data_pipelines.tokenizer_base import (
     ACCEPTED_KINDS,
     Slot,
@@ -78,8 +79,12 @@ def _token_name(value) -> str | None:
 
 
 def _read_json_beside(path: str, name: str) -> dict:
-    """`name` in the directory of `path`, parsed ({} when absent)."""
-    beside = os.path.join(os.path.dirname(path), name)
+    """`name` in the directory of `path`, parsed ({} when absent); a link out of that
+    directory (but into a Hugging Face cache's blobs/) is refused (`paths.check_inside`)."""
+    directory = os.path.dirname(path)
+    beside = os.path.join(directory, name)
+    if os.path.lexists(beside):
+        paths.check_inside(directory, beside, error=VocabError)
     try:
         data = read_bytes(beside, name)
     except FileNotFoundError:

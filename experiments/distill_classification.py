@@ -44,17 +44,16 @@ from experiments import finetune_main
 
 
 def teacher_dir(path: str) -> str:
-    """The checkpoint directory of `path` (a fine-tuning workdir or its `checkpoint/`)."""
-    from bert_jax import finetune_common as common
+    """The checkpoint directory of `path` (a fine-tuning workdir or its `checkpoint/`), as
+    every tool finds it (`convert.locations.resolve`: a directory holding a model of its own
+    besides a fine-tuned `checkpoint/` is refused, not guessed)."""
+    from bert_jax.convert import locations
 
     if not path:
         raise ValueError("--config.teacher is required: a fine-tuned checkpoint directory")
     if not os.path.exists(path):
         raise FileNotFoundError(f"--config.teacher={path}: no such directory")
-    nested = os.path.join(path, "checkpoint")
-    if not os.path.exists(os.path.join(path, common.FINETUNED_FILE)) and os.path.isdir(nested):
-        return nested
-    return path
+    return locations.resolve(path)
 
 
 def build_student(config, teacher_config: BertConfig, teacher_params, teacher_vocab, num_outputs):
