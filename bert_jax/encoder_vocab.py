@@ -18,7 +18,7 @@ import json
 import logging
 import os
 
-from data_pipelines import vocab_fingerprint
+from data_pipelines import paths, vocab_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,9 @@ def saved_casing(path: str) -> tuple[bool | None, str]:
     prefix), a pretraining checkpoint's saved vocabulary fingerprint, and for a fine-tuned
     checkpoint that records none, the casing of the encoder it started from (`init_from`).
     """
+    from bert_jax.convert import locations
+    from bert_jax.convert.names import ConversionError
+
     seen: set[str] = set()
     while path and len(seen) < 8:
         real = os.path.realpath(path)
@@ -71,8 +74,8 @@ def saved_casing(path: str) -> tuple[bool | None, str]:
         seen.add(real)
         started_from = None
         for directory in (path, os.path.join(path, "checkpoint")):
-            meta_path = os.path.join(directory, FINETUNED_FILE)
-            if os.path.isfile(meta_path):
+            meta_path = locations.model_file(directory, FINETUNED_FILE)  # never a link out
+            if meta_path and os.path.isfile(meta_path):
                 meta = _read_json(meta_path)
                 if isinstance(meta.get("do_lower_case"), bool):
                     return meta["do_lower_case"], meta_path
@@ -83,6 +86,8 @@ def saved_casing(path: str) -> tuple[bool | None, str]:
             where = os.path.join(directory, "tokenizer_config.json")
             try:
                 lower = vocab_fingerprint.configured_lower_case(candidate)
+            except paths.LinkOutsideError as error:  # a stranger's casing is not the model's
+                raise ConversionError(str(error)) from None
             except (ValueError, AttributeError) as error:  # not JSON, or not an object
                 raise ValueError(f"{where}: not a JSON object ({error})") from None
             if lower is not None:

@@ -25,7 +25,7 @@ import hashlib
 import logging
 import os
 
-from data_pipelines import tfrecord_files
+from data_pipelines import paths, tfrecord_files
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +88,16 @@ def normalization(path: str, data: bytes, do_lower_case: bool) -> dict[str, bool
 
 def configured_lower_case(path: str) -> bool | None:
     """`do_lower_case` of the tokenizer_config.json in the directory `path` (or beside the
-    file `path`); None where there is none, or it does not say."""
+    file `path`); None where there is none, or it does not say.
+
+    Raises:
+      paths.LinkOutsideError: the file links out of that directory (`paths.check_inside`).
+    """
+    if "://" in path:
+        return None
     directory = path if os.path.isdir(path) else os.path.dirname(path)
-    config = os.path.join(directory, "tokenizer_config.json")
-    if "://" in path or not os.path.isfile(config):
+    config = paths.model_file(directory, "tokenizer_config.json")
+    if config is None or not os.path.isfile(config):
         return None
     import json
 

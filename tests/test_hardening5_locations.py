@@ -2,7 +2,8 @@
 model location through the one resolver `convert` uses (`convert.locations.resolve`), so a
 directory holding its own model and a fine-tuned `checkpoint/` is refused by both alike;
 the files read beside a vocabulary or a tokenizer.json (tokenizer_config.json,
-special_tokens_map.json) follow the model-directory link rule (`data_pipelines.paths.
+special_tokens_map.json) and the casing records every tool reads (encoder_vocab,
+create_pretraining_data's) follow the model-directory link rule (`data_pipelines.paths.
 check_inside`: inside the directory, or a Hugging Face cache snapshot's blobs/);
 `embed --max_seq_length=0` is refused, not taken for "unset"; distillation's teacher is
 found by the same resolver.
@@ -163,6 +164,51 @@ def test_embed_with_a_vocab_file_whose_config_links_out_is_refused(hf_dir, tmp_p
     (directory / "tokenizer_config.json").symlink_to(stranger)
     with pytest.raises(ConversionError, match="outside the model directory"):
         embeddings.load_embedding_model(str(hf_dir), vocab_file=str(directory / "vocab.txt"))
+
+
+def test_embed_refuses_a_model_whose_tokenizer_config_links_out(hf_dir, tmp_path):
+    # Before: the casing embed read text with was the stranger's (do_lower_case False), by
+    # encoder_vocab.saved_casing, before the model was even loaded.
+    model = tmp_path / "model"
+    shutil.copytree(hf_dir, model)
+    stranger = tmp_path / "stranger_config.json"
+    stranger.write_text(json.dumps({"do_lower_case": False}), encoding="utf-8")
+    (model / "tokenizer_config.json").unlink()
+    (model / "tokenizer_config.json").symlink_to(stranger)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("W1 w2\n", encoding="utf-8")
+    out = tmp_path / "out.npy"
+    with pytest.raises(ValueError) as error:
+        embed.run(str(model), str(texts), str(out))
+    message = str(error.value)
+    assert str(model / "tokenizer_config.json") in message and str(stranger) in message
+    assert "\n" not in message and not out.exists()
+
+
+def test_casing_records_linked_out_are_refused_by_every_reader(tmp_path):
+    from bert_jax import encoder_vocab
+    from data_pipelines import pretraining_flags
+
+    directory = _vocab_dir(tmp_path)
+    stranger = tmp_path / "stranger_config.json"
+    stranger.write_text(json.dumps({"do_lower_case": False}), encoding="utf-8")
+    (directory / "tokenizer_config.json").symlink_to(stranger)
+    vocab = str(directory / "vocab.txt")
+    # create_pretraining_data's casing (--do_lower_case not given)
+    with pytest.raises(paths.LinkOutsideError, match="outside the model directory"):
+        pretraining_flags.resolve_do_lower_case(vocab, True, given=False)
+    assert pretraining_flags.resolve_do_lower_case(vocab, True, given=True) is True
+    # a fine-tuned checkpoint's finetuned.json (its do_lower_case) linked out
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True)
+    (tmp_path / "meta.json").write_text(json.dumps({"do_lower_case": False}))
+    (run / "checkpoint" / "finetuned.json").symlink_to(tmp_path / "meta.json")
+    with pytest.raises(ConversionError, match="outside the model directory"):
+        encoder_vocab.saved_casing(str(run))
+    (run / "checkpoint" / "finetuned.json").unlink()
+    shutil.copyfile(tmp_path / "meta.json", run / "checkpoint" / "finetuned.json")
+    assert encoder_vocab.saved_casing(str(run)) == (
+        False, str(run / "checkpoint" / "finetuned.json"))  # fmt: skip
 
 
 # --- embed --max_seq_length=0 -----------------------------------------------------------------
