@@ -513,9 +513,12 @@ def check_can_save(workdir: str, command: str) -> None:
 
 
 def load_finetuned(directory: str) -> tuple[BertConfig, Any, str | None, dict]:
-    """Reads a `save_finetuned` directory: (config, numpy params, vocab file, metadata)."""
-    meta_path = os.path.join(directory, FINETUNED_FILE)
-    if not os.path.isfile(meta_path):
+    """Reads a `save_finetuned` directory: (config, numpy params, vocab file, metadata);
+    a finetuned.json that links out of it is refused (`convert.locations.model_file`)."""
+    from bert_jax.convert import locations
+
+    meta_path = locations.model_file(directory, FINETUNED_FILE)
+    if meta_path is None or not os.path.isfile(meta_path):
         raise FileNotFoundError(
             f"{directory}: not a fine-tuned checkpoint (no {FINETUNED_FILE}); fine-tuning "
             "scripts write one to <workdir>/checkpoint"

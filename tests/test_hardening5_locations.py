@@ -317,3 +317,17 @@ def test_the_teacher_is_found_by_the_one_resolver(tmp_path):
     assert os.fspath(workdir / "checkpoint") in str(error.value)
     with pytest.raises(FileNotFoundError, match="--config.teacher"):
         distill_classification.teacher_dir(str(tmp_path / "missing"))
+
+
+def test_a_teacher_s_finetuned_json_linked_out_is_refused(tmp_path):
+    # Before: the stranger's metadata (labels, casing, task) was taken as the teacher's.
+    from bert_jax import finetune_common
+
+    checkpoint = tmp_path / "teacher" / "checkpoint"
+    checkpoint.mkdir(parents=True)
+    stranger = tmp_path / "stranger.json"
+    stranger.write_text(json.dumps({"labels": ["x", "y"], "do_lower_case": False}))
+    (checkpoint / "finetuned.json").symlink_to(stranger)
+    with pytest.raises(ConversionError, match="outside the model directory") as error:
+        finetune_common.load_finetuned(str(checkpoint))
+    assert str(stranger) in str(error.value)
