@@ -1,8 +1,8 @@
 """Dependencies point one way: data_pipelines <- bert_jax <- experiments <- benchmarks.
 
 A package may import those to its left, never one to its right, not even inside a function
-(DESIGN.md). Every import statement of every module is read with `ast`, relative imports
-resolved against the module's package; `tests/` may import anything.
+(docs/code_layout.md). Every import statement of every module is read with `ast`, relative
+imports resolved against the module's package; `tests/` may import anything.
 
 Nor do modules import one another round a circle (`test_no_import_circles`), not even
 inside a function: the names two modules share live in the one that owns them, or in a
