@@ -16,9 +16,16 @@ sentence a line, a blank line between documents), by one of two rules:
 
 A pair takes the sentence rule with probability `sentence_fraction` when its passage has two
 sentences or more, else a crop. Passages are documents' consecutive sentences packed up to
-`passage_pieces` pieces (a longer sentence is cut); every passage is seen once an epoch, in
-the order of a permutation from (seed, epoch); every random draw of a pair comes from
-(seed, step, row), so a batch is a function of the step alone: a run resumed at step s
+`passage_pieces` pieces (a longer sentence is cut).
+
+Which passages share a batch: with `passages_per_document` = 1 (Contriever's way) every
+passage is seen once an epoch, in the order of a permutation from (seed, epoch), so a
+batch's negatives are passages of other documents, mostly on other topics. With k > 1 a
+batch is B / k documents of k passages or more, k distinct passages of each: every query
+then has k - 1 negatives from its own document, on its own topic, which only finer matching
+(the words the passage holds) tells apart. Retrieval among the paragraphs of one article
+(SQuAD: 43 a dev article) asks for exactly that. Every random draw of a batch comes from
+(seed, step, ...), so a batch is a function of the step alone: a run resumed at step s
 reads what the uninterrupted run read, on any number of hosts.
 """
 
@@ -46,6 +53,7 @@ class PairRules:
     token_deletion: float = 0.0  # each cropped piece dropped with this probability
     sentence_fraction: float = 0.5  # share of pairs made by sentence -> rest of passage
     keep_sentence: float = 0.1  # that sentence left in its positive with this probability
+    passages_per_document: int = 1  # k passages of one document in a batch (1: at random)
 
     def check(self) -> None:
         """One line naming the first key out of its range."""
@@ -56,6 +64,9 @@ class PairRules:
             raise ValueError(f"--config.crop_max_ratio={high}: a share of the passage in (0, 1]")
         if low > high:
             raise ValueError(f"--config.crop_min_ratio={low} > --config.crop_max_ratio={high}")
+        if self.passages_per_document < 1:
+            raise ValueError(f"--config.passages_per_document={self.passages_per_document}: "
+                             "1 (passages at random) or more")  # fmt: skip
         for name in ("token_deletion", "sentence_fraction", "keep_sentence"):
             value = getattr(self, name)
             upper = 1.0 if name != "token_deletion" else 0.9
@@ -95,9 +106,11 @@ def read_documents(path: str | os.PathLike) -> list[list[str]]:
 
 @dataclasses.dataclass(frozen=True)
 class Passages:
-    """Each passage as its sentences' piece ids (no special tokens)."""
+    """Each passage as its sentences' piece ids (no special tokens), and its document's
+    index."""
 
     sentences: list[list[np.ndarray]]
+    documents: list[int]
 
     def __len__(self) -> int:
         return len(self.sentences)
@@ -108,8 +121,8 @@ def make_passages(documents: Sequence[Sequence[str]], tokenizer, passage_pieces:
     pieces; passages under MIN_PASSAGE_PIECES pieces dropped."""
     flat = [s for d in documents for s in d]
     encoded = iter(tokenizer.encode_batch(flat))
-    passages: list[list[np.ndarray]] = []
-    for document in documents:
+    passages: list[tuple[list[np.ndarray], int]] = []
+    for d, document in enumerate(documents):
         current: list[np.ndarray] = []
         size = 0
         for _ in document:
@@ -117,13 +130,14 @@ def make_passages(documents: Sequence[Sequence[str]], tokenizer, passage_pieces:
             if not len(ids):
                 continue
             if current and size + len(ids) > passage_pieces:
-                passages.append(current)
+                passages.append((current, d))
                 current, size = [], 0
             current.append(ids)
             size += len(ids)
         if current:
-            passages.append(current)
-    return Passages([p for p in passages if sum(map(len, p)) >= MIN_PASSAGE_PIECES])
+            passages.append((current, d))
+    kept = [(p, d) for p, d in passages if sum(map(len, p)) >= MIN_PASSAGE_PIECES]
+    return Passages([p for p, _ in kept], [d for _, d in kept])
 
 
 def _crop(rng: np.random.Generator, pieces: np.ndarray, rules: PairRules) -> np.ndarray:
@@ -169,22 +183,46 @@ class PairStream:
         query_length: int, passage_length: int, seed: int, source: str = "corpus",
     ):  # fmt: skip
         rules.check()
+        k = rules.passages_per_document
         if len(passages) < batch_size:
             raise ValueError(
                 f"{source}: {len(passages)} passages of {MIN_PASSAGE_PIECES}+ pieces, fewer "
                 f"than --config.global_batch_size={batch_size} (each pair of a batch needs "
                 "a passage of its own)"
             )
+        if batch_size % k:
+            raise ValueError(f"--config.passages_per_document={k} does not divide "
+                             f"--config.global_batch_size={batch_size}")  # fmt: skip
+        by_document: dict[int, list[int]] = {}
+        for i, d in enumerate(passages.documents):
+            by_document.setdefault(d, []).append(i)
+        # The documents a batch can draw k passages from.
+        self.groups = [np.asarray(ids) for ids in by_document.values() if len(ids) >= k]
+        if len(self.groups) < batch_size // k:
+            raise ValueError(
+                f"{source}: {len(self.groups)} documents hold {k}+ passages, fewer than the "
+                f"{batch_size // k} a batch of {batch_size} needs at "
+                f"--config.passages_per_document={k}"
+            )
         self.passages, self.tokenizer, self.rules = passages, tokenizer, rules
         self.batch_size, self.seed = batch_size, seed
         self.lengths = {"query": query_length, "positive": passage_length}
-        self.per_epoch = len(passages) // batch_size
+        units = len(passages) if k == 1 else len(self.groups)
+        self.per_epoch = units // (batch_size // k)
 
     def passage_ids(self, step: int) -> np.ndarray:
-        """The passages of step `step` (0-based): epoch e's permutation from (seed, e)."""
+        """The passages of step `step` (0-based): epoch e's permutation (from (seed, e)) of
+        the passages, or of the documents, k passages of each drawn from (seed, step)."""
+        k = self.rules.passages_per_document
+        per_batch = self.batch_size // k
         epoch, index = divmod(step, self.per_epoch)
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.passages))
-        return order[index * self.batch_size : (index + 1) * self.batch_size]
+        units = len(self.passages) if k == 1 else len(self.groups)
+        order = np.random.default_rng([self.seed, epoch]).permutation(units)
+        chosen = order[index * per_batch : (index + 1) * per_batch]
+        if k == 1:
+            return chosen
+        rng = np.random.default_rng([self.seed, step, 11])
+        return np.concatenate([rng.choice(self.groups[g], k, replace=False) for g in chosen])
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         """The global batch of `step`: (B, T) tokens and masks of queries and positives, each

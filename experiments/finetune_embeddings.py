@@ -158,7 +158,7 @@ class CorpusPairs:
         )
         rules = crop_pairs.PairRules(
             config.crop_min_ratio, config.crop_max_ratio, config.token_deletion,
-            config.sentence_fraction, config.keep_sentence,
+            config.sentence_fraction, config.keep_sentence, config.passages_per_document,
         )  # fmt: skip
         self.stream = crop_pairs.PairStream(
             passages, tokenizer, rules, config.global_batch_size, query, config.max_seq_length,
@@ -292,7 +292,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         log.info("the earlier run's %s kept as %s", log_path, kept)
     # The mesh is ambient while the step is traced: the model's activation constraints and
     # splash's shard_map read it (embeddings_train).
-    with sharding.activation_context(mesh), open(log_path, "a", encoding="utf-8") as log_file, \
+    log_target = log_path if jax.process_index() == 0 else os.devnull  # process 0 logs
+    with sharding.activation_context(mesh), open(log_target, "a", encoding="utf-8") as log_file, \
             signals_between_steps() as pending:  # fmt: skip
         progress = tqdm(total=num_steps, initial=first, desc="contrastive", unit="step",
                         disable=jax.process_index() != 0)  # fmt: skip
@@ -312,9 +313,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 seconds = time.time() - window_start
                 record["steps_per_second"] = round(len(window) / max(seconds, 1e-9), 4)
                 window_start = time.time()
-                if jax.process_index() == 0:
-                    log_file.write(json.dumps({"step": step + 1, **record}) + "\n")
-                    log_file.flush()
+                log_file.write(json.dumps({"step": step + 1, **record}) + "\n")
+                log_file.flush()
                 progress.update(step + 1 - progress.n)
                 progress.set_postfix(loss=f"{record['loss']:.4f}",
                                      acc=f"{record['accuracy']:.3f}")  # fmt: skip
@@ -329,25 +329,41 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             if every and (step + 1) % every == 0 and step + 1 < num_steps:
                 save(step + 1)
         progress.close()
-    params = jax.device_get(state.params)
+    params = host_params(state.params)
     if dev is not None:
         metrics["after"] = retrieval_scores(current_model(params), dev, config.eval_batch_size)
         log.info("dev after: %s", _fmt(metrics["after"]))
     settings = {"pooling": config.pooling, "normalize": bool(config.normalize),
                 "max_seq_length": int(config.max_seq_length)}  # fmt: skip
+    if jax.process_index() != 0:  # process 0 writes the model and the metrics
+        return metrics
     with finetune_common.final_save(f"{workdir}/checkpoint and metrics.json"):
         finetune_common.save_finetuned(
             os.path.join(workdir, "checkpoint"), bert, params, vocab_file=task.vocab_file,
             metadata={"task": "embedding", "embedding": settings, "init_from": config.init_from,
                       "from_scratch": bool(config.from_scratch),
+                      "do_lower_case": config.do_lower_case,
+                      "train_file": config.train_file or None,
+                      "corpus_files": config.get("corpus_files") or None,
                       "objective": "contrastive_pretraining" if config.get("corpus_files")
                       else "contrastive"},
         )  # fmt: skip
         metrics["wall_seconds"] = round(time.time() - start, 1)
         finetune_common.write_json(os.path.join(workdir, "metrics.json"), metrics)
-    if jax.process_index() == 0:  # the run is complete: its resume point is not needed
-        shutil.rmtree(os.path.join(workdir, "state"), ignore_errors=True)
+    shutil.rmtree(os.path.join(workdir, "state"), ignore_errors=True)  # complete: not needed
     return metrics
+
+
+def host_params(params):
+    """The trained params as host arrays, whole on every process (each process's devices
+    hold only their shards of a multi-process mesh's arrays)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return jax.device_get(params)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(params, tiled=True)
 
 
 @contextlib.contextmanager

@@ -3,8 +3,8 @@ pretraining on raw text, the supervised arms at each pair budget, and BM25 fusio
 
 * `held_out_split`: SQuADShifts paragraphs set aside with their questions (never trained
   on, never in the unlabelled text): what the fusion weight is chosen on, never SQuAD dev.
-* `write_paragraphs`: the other SQuADShifts paragraphs as unlabelled text (one paragraph a
-  document, one sentence a line): in-domain text beside gensim's Wikipedia, no question.
+* `write_paragraphs`: the other SQuADShifts paragraphs as unlabelled text (an article a
+  document, a sentence a line): in-domain text beside gensim's Wikipedia, no question.
 * `contrastive_pretraining`: `experiments.finetune_embeddings` with
   configs/embeddings_contrastive_pretraining.py on that text, from the MLM encoder
   (`--cpt_init=mlm`: MLM -> contrastive pretraining) or from random weights; its model is
@@ -75,18 +75,29 @@ def held_out_split(pairs: list[tuple[str, str]], paragraphs: int, seed: int = 0)
     return [x for x in pairs if x[1] not in held], [x for x in pairs if x[1] in held]
 
 
-def write_paragraphs(pairs: list[tuple[str, str]], path: str) -> int:
-    """The distinct paragraphs of `pairs` as a corpus file (a paragraph a document, a
-    sentence a line, pysbd); returns how many."""
+def write_paragraphs(paths: list[str], exclude, path: str) -> int:
+    """The paragraphs of SQuAD files `paths` but `exclude` (texts, whitespace-normalised) as
+    a corpus file: an article a document, a sentence a line (pysbd); returns how many."""
     from data_pipelines.corpora import make_sentence_splitter
+    from data_pipelines.tasks.squad_retrieval import normalize_text, read_paragraphs
 
     split = make_sentence_splitter("en")
-    paragraphs = list(dict.fromkeys(p for _, p in pairs))
+    excluded = {normalize_text(text) for text in exclude}
+    count = 0
     with open(path + ".part", "w", encoding="utf-8") as f:
-        for paragraph in paragraphs:
-            f.write("\n".join(split(paragraph)) + "\n\n")
+        for source in paths:
+            article = None
+            for pid, context, _ in read_paragraphs(source):
+                if normalize_text(context) in excluded:
+                    continue
+                if article is not None and pid.split("-")[0] != article:
+                    f.write("\n")  # a blank line: the next article
+                article = pid.split("-")[0]
+                f.write("\n".join(split(context)) + "\n")
+                count += 1
+            f.write("\n")
     os.replace(path + ".part", path)
-    return len(paragraphs)
+    return count
 
 
 def budget_pairs(workdir: str, budget: int, seed: int) -> str:

@@ -283,7 +283,10 @@ def prepare_data(workdir: str, dev_file: str, dev_corpus: dict[str, str]) -> dic
     pairs, held = retrieval_arms.held_out_split(pairs, FLAGS.heldout_paragraphs)
     written = squad_retrieval.write_pairs_tsv(pairs, os.path.join(workdir, "pairs.tsv"))
     squad_retrieval.write_pairs_tsv(held, os.path.join(workdir, "heldout.tsv"))
-    paragraphs = retrieval_arms.write_paragraphs(pairs, os.path.join(workdir, "paragraphs.txt"))
+    excluded = [*dev_corpus.values(), *{p for _, p in held}]
+    paragraphs = retrieval_arms.write_paragraphs(
+        paths, excluded, os.path.join(workdir, "paragraphs.txt")
+    )
     return {"corpus": corpus_counts(corpus), "pairs": written, "shifts": list(FLAGS.shifts),
             "training_paragraphs": paragraphs, "heldout_pairs": len(held),
             "paragraphs_corpus": corpus_counts(os.path.join(workdir, "paragraphs.txt")),

@@ -120,6 +120,29 @@ def test_a_batch_is_a_function_of_the_step_and_an_epoch_sees_every_passage(token
     assert all(batch["query_tokens"][i, n - 1] == tokenizer.sep_id for i, n in enumerate(lengths))
 
 
+def test_documents_share_a_batch_k_passages_each(tokenizer, tmp_path):
+    documents = crop_pairs.read_documents(_corpus(tmp_path / "corpus.txt", documents=12))
+    passages = crop_pairs.make_passages(documents, tokenizer, 14)  # a sentence a passage
+    assert len(passages) == 48 and passages.documents[:5] == [0, 0, 0, 0, 1]
+    rules = crop_pairs.PairRules(passages_per_document=4)
+    stream = crop_pairs.PairStream(passages, tokenizer, rules, 8, 16, 16, 0)
+    seen = []
+    for step in range(stream.per_epoch):
+        ids = stream.passage_ids(step)
+        docs = [passages.documents[i] for i in ids]
+        assert docs[:4] == [docs[0]] * 4 and docs[4:] == [docs[4]] * 4 and docs[0] != docs[4]
+        assert len(set(ids.tolist())) == 8
+        seen += [docs[0], docs[4]]
+    assert sorted(seen) == list(range(12))  # an epoch: every document once
+    np.testing.assert_array_equal(stream.passage_ids(1), stream.passage_ids(1))
+    with pytest.raises(ValueError, match="passages_per_document=3 does not divide"):
+        crop_pairs.PairStream(passages, tokenizer, crop_pairs.PairRules(passages_per_document=3),
+                              8, 16, 16, 0)  # fmt: skip
+    with pytest.raises(ValueError, match="0 documents hold 5\\+ passages, fewer than the 2"):
+        crop_pairs.PairStream(passages, tokenizer, crop_pairs.PairRules(passages_per_document=5),
+                              10, 16, 16, 0)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "key, value, message",
     [
@@ -181,6 +204,7 @@ def _config(root, steps, **extra):
     config.query_max_seq_length = 16
     config.log_every = 2
     config.checkpoint_every = 0
+    config.passages_per_document = 2  # documents of 4 one-sentence passages
     for key, value in extra.items():
         config[key] = value
     config_bounds.check(config, "finetune", devices=8)

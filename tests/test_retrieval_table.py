@@ -314,8 +314,12 @@ def test_held_out_paragraphs_take_all_their_questions_and_budgets_are_paired_by_
     again = Path(retrieval_arms.budget_pairs(str(tmp_path), 8, 0)).read_text().splitlines()
     other = Path(retrieval_arms.budget_pairs(str(tmp_path), 8, 1)).read_text().splitlines()
     assert first == again and len(first) == 8 == len(set(first)) and first != other
+    squad = {"data": [{"paragraphs": [{"context": "One sentence. And another one.", "qas": []},
+                                      {"context": "Held out.", "qas": []}]},
+                      {"paragraphs": [{"context": "A second article.", "qas": []}]}]}  # fmt: skip
+    (tmp_path / "squad.json").write_text(json.dumps(squad))
     text = tmp_path / "paragraphs.txt"
-    assert (
-        retrieval_arms.write_paragraphs([("q", "One sentence. And another one.")], str(text)) == 1
-    )
-    assert text.read_text() == "One sentence.\nAnd another one.\n\n"
+    count = retrieval_arms.write_paragraphs([str(tmp_path / "squad.json")], ["Held  out."],
+                                            str(text))  # fmt: skip
+    assert count == 2
+    assert text.read_text() == "One sentence.\nAnd another one.\n\nA second article.\n\n"

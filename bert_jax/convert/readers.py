@@ -555,10 +555,20 @@ def write_params(
     from bert_jax.checkpoint_reading import check_readable, tree_shapes
 
     written, numpy_params = os.path.join(directory, "params"), as_numpy(params)
-    checkpointer = ocp.StandardCheckpointer()
+    checkpointer = ocp.StandardCheckpointer(multiprocessing_options=_this_process_only())
     checkpointer.save(written, numpy_params)
     checkpointer.wait_until_finished()
     check_readable(written, tree_shapes(numpy_params))  # else the caller's temporary is dropped
+
+
+def _this_process_only():
+    """Host arrays are written by the process that holds them, with no barrier with the
+    others: in a multi-process run only process 0 saves the model it gathered."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    me = jax.process_index()
+    return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
 
 
 def load_params(directory: str | os.PathLike) -> tuple[BertConfig, Params, str | None]:

@@ -42,5 +42,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.token_deletion = 0.0  # each cropped piece dropped with this probability
     config.sentence_fraction = 0.5  # pairs made by one sentence -> the rest of its passage
     config.keep_sentence = 0.1  # that sentence left in the positive (ORQA's 10%)
+    config.passages_per_document = 1  # k passages of one document in a batch (1: at random)
     config.log_every = 10
     return config

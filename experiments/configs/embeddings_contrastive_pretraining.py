@@ -42,4 +42,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.token_deletion = 0.1  # Contriever's optional deletion
     config.sentence_fraction = 0.5
     config.keep_sentence = 0.1
+    # 8 passages of each of 8 documents: 7 negatives of a query are on its own topic.
+    config.passages_per_document = 8
     return config

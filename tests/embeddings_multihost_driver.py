@@ -1,0 +1,54 @@
+"""One process of a contrastive-pretraining run (experiments.finetune_embeddings on raw
+text) for tests/test_embeddings_multihost.py: with --num_processes=2 each of two processes
+owns 4 CPU devices (jax.distributed + gloo) and feeds its rows of the global batch; with 1,
+a plain process owns all 8 (the reference)."""
+
+import os
+import sys
+
+import jax
+
+
+def main(argv: list[str]) -> None:
+    from absl import flags
+
+    flags.DEFINE_integer("num_processes", 2, "1: a plain single-process run (the reference).")
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
+    flags.DEFINE_integer("process_id", 0, "This process's index.")
+    flags.DEFINE_string("init_from", None, "The encoder (a transformers directory).")
+    flags.DEFINE_string("corpus", None, "The raw text the pairs are made from.")
+    flags.DEFINE_string("workdir", None, "The run's workdir.")
+    flag_values = flags.FLAGS
+    flag_values(argv)
+    if flag_values.num_processes > 1:
+        # Gloo gives CPU processes cross-process collectives; set before the backend starts.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            flag_values.coordinator_address,
+            num_processes=flag_values.num_processes,
+            process_id=flag_values.process_id,
+        )
+    from experiments import finetune_embeddings
+    from experiments.configs import embeddings_contrastive_pretraining
+
+    config = embeddings_contrastive_pretraining.get_config()
+    config.init_from = flag_values.init_from
+    config.corpus_files = flag_values.corpus
+    config.global_batch_size = 16
+    config.chunk_size = 8
+    config.num_train_steps = 4
+    config.learning_rate = 2e-3
+    config.warmup_proportion = 0.0
+    config.max_seq_length = 16
+    config.query_max_seq_length = 16
+    config.log_every = 1
+    config.passages_per_document = 2
+    config.checkpoint_every = 2  # a multi-process save of the resume point too
+    finetune_embeddings.run(config, flag_values.workdir)
+    if flag_values.num_processes > 1:
+        jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main(sys.argv)
