@@ -13,14 +13,14 @@ and negative of the global batch: `bert_jax.embeddings`).
 Variants (`:recipe`, the default, and `:pod`):
 
 - `:recipe`, 512 triplets on a v4-8 (`v4:2x2x1`, 4 chips, one host): 128 per chip in
-  chunks of 16 per chip (`chunk_size` counts pairs over the whole mesh: 64), 2,441 steps.
-  One host because `experiments.finetune_embeddings` feeds its batch from one process
-  today; a v4-32 would hold 32 triplets a chip, two chunks.
+  chunks of 16 per chip (`chunk_size` counts pairs over the whole mesh: 64), 2,441 steps;
+  a v4-32 would hold 32 triplets a chip, two chunks.
 - `:pod`, 16,384 triplets (32x the recipe's negatives per query) on a v4-128
-  (`v4:4x4x4`, 64 chips, the pretraining slice of `modernbert_base_tpu.py`): 256 per chip,
-  16 chunks of 16 per chip, the same 1.25M triplets in 76 steps at the recipe's lr (not
-  re-tuned). It compiles (below); running it needs the fine-tuning loop to feed each host
-  its rows (multi-host input), which it does not yet.
+  (`v4:4x4x4`, 64 chips, 16 hosts, the pretraining slice of `modernbert_base_tpu.py`): 256
+  per chip, 16 chunks of 16 per chip, the same 1.25M triplets in 76 steps at the recipe's
+  lr (not re-tuned). Every host reads the pairs and puts only its own rows of each global
+  batch on its chips (`experiments.finetune_embeddings`; two local processes train as one
+  in tests/test_embeddings_multihost.py).
 
 Both are data parallel with the f32 state replicated (149M params: 1.8 GB a chip with the
 two Adam moments) and splash attention. Texts are cut at 256 tokens (the recipe's
