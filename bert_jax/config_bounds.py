@@ -21,6 +21,7 @@ No JAX here: the entry points check before they import it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -229,6 +230,10 @@ FINETUNE: dict[str, Bound] = {
     "normalize": Flag("the saved embedding model L2-normalises"),
     "scale": Float("cosine x scale = logits (1 / temperature)", 0, open_low=True),
     "symmetric": Flag("also each positive against every query"),
+    "matryoshka_dims": ListOf(
+        "Matryoshka: embedding prefixes also trained and scored, comma-separated ('': off)",
+        Int("", 1),
+    ),
     "corpus_files": Text("raw text the pairs are made from, comma-separated ('': train_file)"),
     "crop_min_ratio": Float("a crop's share of its passage: at least", 0, 1, open_low=True),
     "crop_max_ratio": Float("a crop's share of its passage: at most", 0, 1, open_low=True),
@@ -510,6 +515,10 @@ def _finetune_rules(values, devices, processes) -> Iterator[str]:
         queries = values.get("query_max_seq_length")
         if queries and seq is not None and queries > seq:
             yield f"--config.query_max_seq_length={queries} > --config.max_seq_length={seq}"
+        dims = values.get("matryoshka_dims")
+        with contextlib.suppress(ValueError, TypeError):  # not ints: its range says so
+            if dims and len(set(int_list(dims))) != len(int_list(dims)):
+                yield f"--config.matryoshka_dims={dims!r} names a size twice"
         if values.get("train_file") and values.get("corpus_files"):
             yield ("--config.train_file and --config.corpus_files both set: pairs come from a "
                    "pairs file or are made from raw text, not both")  # fmt: skip
@@ -519,6 +528,13 @@ def _finetune_rules(values, devices, processes) -> Iterator[str]:
     if devices is not None:
         batch_keys = ("train_batch_size", "eval_batch_size", "global_batch_size")
         yield from _data_parallel(values, devices, tuple(k for k in batch_keys if k in values))
+
+
+def int_list(value) -> tuple[int, ...]:
+    """A list key's ints: a comma-separated string ("64,128"; "" is none) or a list/tuple."""
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    return tuple(int(v) for v in value)
 
 
 def _demo_rules(values, devices, processes) -> Iterator[str]:

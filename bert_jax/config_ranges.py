@@ -53,6 +53,8 @@ class Bound:
         if self.kind == "rules":
             return isinstance(value, list | tuple) and all(len(pair) == 2 for pair in value)
         if self.kind == "list":
+            if isinstance(value, str):  # a config key's "64,128" ("" is none)
+                value = [v for v in value.split(",") if v.strip()]
             return isinstance(value, list | tuple) and all(self._item_ok(v) for v in value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             return False

@@ -27,11 +27,18 @@ with its own positive as the label; `symmetric` adds positive i against every qu
 A repeated positive inside a batch would be a false negative for the other query that has
 it: rows whose `positive_ids` are equal are masked out of each other's negatives
 (sentence-transformers avoids them with its no-duplicates sampler instead).
+
+**Matryoshka** (Kusupati et al. 2022; sentence-transformers' `MatryoshkaLoss`): with `dims`,
+the loss is the weighted sum (weights 1 by default) of the ranking loss over the first d
+components of every embedding, for each d of `dims`, each prefix re-normalised for its
+cosine; the embeddings are computed once (cached chunks included) and cut d ways. Only the
+listed sizes are trained: list the full size too (`experiments.finetune_embeddings` always
+adds it), or the full embedding is not trained.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import flax.linen as nn
@@ -159,6 +166,40 @@ def ranking_loss(
     return loss, {"accuracy": accuracy}
 
 
+def matryoshka_loss(
+    queries: jax.Array,
+    positives: jax.Array,
+    negatives: jax.Array | None = None,
+    *,
+    dims: Sequence[int],
+    weights: Sequence[float] | None = None,
+    **kwargs,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """sum_d weight_d x `ranking_loss` of the embeddings' first d components, d in `dims`
+    (`ranking_loss` re-normalises each prefix); weights 1 where None. `kwargs` go to
+    `ranking_loss`. The metrics: the in-batch accuracy at the largest d, and `loss_<d>` for
+    each d (unweighted).
+
+    Raises:
+        ValueError: no dims, a dim < 1 or above the embedding's size, or weights that do not
+            pair with the dims.
+    """
+    size = queries.shape[-1]
+    dims = [int(d) for d in dims]
+    weights = [1.0] * len(dims) if weights is None else [float(w) for w in weights]
+    if not dims or len(weights) != len(dims) or not all(1 <= d <= size for d in dims):
+        raise ValueError(f"Matryoshka dims {dims} (weights {weights}) must be 1 to {size} (the "
+                         "embedding's size), one weight each")  # fmt: skip
+    total, metrics = 0.0, {}
+    for d, weight in sorted(zip(dims, weights, strict=True), reverse=True):
+        cut = None if negatives is None else negatives[..., :d]
+        loss, found = ranking_loss(queries[..., :d], positives[..., :d], cut, **kwargs)
+        total = total + weight * loss
+        metrics.setdefault("accuracy", found["accuracy"])  # the largest d's
+        metrics[f"loss_{d}"] = loss
+    return total, metrics
+
+
 def _cross_entropy(scores: jax.Array, labels: jax.Array) -> jax.Array:
     log_probs = jax.nn.log_softmax(scores, axis=-1)
     return -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None], axis=1))
@@ -207,12 +248,15 @@ def contrastive_loss(
     scale: float = 20.0,
     symmetric: bool = False,
     chunk_size: int = 0,
+    dims: Sequence[int] = (),
+    weights: Sequence[float] | None = None,
     mesh=None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`ranking_loss` of a batch of token arrays: `query_tokens query_mask positive_tokens
     positive_mask` (B, T), optional `negative_tokens negative_mask` (B, K, T) and
     `positive_ids` (B,) keys of equal positives; queries, positives and negatives each embedded
-    (in chunks of `chunk_size`) with their own dropout keys."""
+    (in chunks of `chunk_size`) with their own dropout keys. With `dims`, `matryoshka_loss`
+    of those prefixes (and `weights`) instead."""
     keys = jax.random.split(rng, 3)
     q = embed_in_chunks(embed, params, batch["query_tokens"], batch["query_mask"], keys[0],
                         chunk_size)  # fmt: skip
@@ -226,8 +270,11 @@ def contrastive_loss(
         flat = embed_in_chunks(embed, params, tokens.reshape(b * k, t), mask.reshape(b * k, t),
                                keys[2], chunk_size * k if chunk_size else 0)  # fmt: skip
         negatives = flat.reshape(b, k, -1)
-    return ranking_loss(q, p, negatives, scale=scale, symmetric=symmetric,
-                        positive_ids=batch.get("positive_ids"), mesh=mesh)  # fmt: skip
+    options = {"scale": scale, "symmetric": symmetric, "positive_ids": batch.get("positive_ids"),
+               "mesh": mesh}  # fmt: skip
+    if dims:
+        return matryoshka_loss(q, p, negatives, dims=dims, weights=weights, **options)
+    return ranking_loss(q, p, negatives, **options)
 
 
 # ---------------------------------------------------------------------------------------
@@ -243,6 +290,7 @@ class EmbeddingModel(NamedTuple):
     vocab_file: str
     max_seq_length: int  # tokens per text, special tokens included; longer ones are cut
     source: str  # where pooling and normalize came from: "flags", the file, or "default"
+    truncate_dim: int | None = None  # Matryoshka: the first d components kept (None: all)
 
 
 def directory_settings(path: str) -> tuple[dict[str, Any], str] | None:
@@ -263,7 +311,8 @@ def directory_settings(path: str) -> tuple[dict[str, Any], str] | None:
     settings = sentence_transformers.read_settings(path) if os.path.isdir(path) else None
     if settings is not None:
         found = {"pooling": settings.pooling, "normalize": settings.normalize,
-                 "max_seq_length": settings.max_seq_length}  # fmt: skip
+                 "max_seq_length": settings.max_seq_length,
+                 "truncate_dim": settings.truncate_dim}  # fmt: skip
         return found, os.path.join(path, sentence_transformers.MODULES_FILE)
     model_dir = locations.resolve(path)
     meta = os.path.isdir(model_dir) and locations.model_file(model_dir, locations.FINETUNED_FILE)
@@ -300,13 +349,15 @@ def load_embedding_model(
     max_seq_length: int | None = None,
     vocab_file: str | None = None,
     do_lower_case: bool | None = None,
+    truncate_dim: int | None = None,
 ) -> EmbeddingModel:
     """An embedding model from anything `bert_jax.convert` reads, or a sentence-transformers
     directory, or a workdir of `experiments.finetune_embeddings`.
 
-    `pooling`, `normalize` and `max_seq_length` left None take the directory's own
-    (`directory_settings`), else mean pooling, no normalisation and the model's positions
-    (at most 512). `do_lower_case` None takes tokenizer_config.json's beside the vocabulary.
+    `pooling`, `normalize`, `max_seq_length` and `truncate_dim` left None take the
+    directory's own (`directory_settings`), else mean pooling, no normalisation, the model's
+    positions (at most 512) and every dimension. `do_lower_case` None takes
+    tokenizer_config.json's beside the vocabulary.
     """
     from bert_jax import convert
     from bert_jax.convert import locations
@@ -341,7 +392,27 @@ def load_embedding_model(
         raise ValueError(f"max_seq_length={length} must be in [3, max_position_embeddings="
                          f"{config.max_position_embeddings}] of {path}")  # fmt: skip
     module = template.clone(config=config)
-    return EmbeddingModel(module, params, tokenizer, vocab_file, int(length), source)
+    truncate_dim = truncate_dim if truncate_dim is not None else found.get("truncate_dim")
+    if truncate_dim is not None and not 1 <= truncate_dim <= config.hidden_size:
+        raise ValueError(f"truncate_dim={truncate_dim} must be in [1, {config.hidden_size}] "
+                         f"(the embedding's size) of {path}")  # fmt: skip
+    return EmbeddingModel(module, params, tokenizer, vocab_file, int(length), source,
+                          truncate_dim)  # fmt: skip
+
+
+def truncate(vectors: np.ndarray, dim: int | None, normalize: bool) -> np.ndarray:
+    """The first `dim` components of each (N, H) row (all where None), re-normalised to unit
+    length when `normalize` (a Matryoshka prefix of a normalised model is used as a cosine;
+    sentence-transformers' `truncate_dim` cuts after its Normalize and leaves the norm)."""
+    import numpy as np
+
+    if dim is None or dim >= vectors.shape[-1]:
+        return vectors
+    cut = vectors[..., :dim]
+    if normalize:
+        norm = np.linalg.norm(cut, axis=-1, keepdims=True)
+        cut = cut / np.maximum(norm, 1e-12)
+    return np.ascontiguousarray(cut, dtype=np.float32)
 
 
 def tokenize(tokenizer, texts: list[str], max_seq_length: int) -> tuple[list, list]:
@@ -358,7 +429,8 @@ def embed_texts(
     show_progress: bool = True,
     desc: str = "embed",
 ) -> np.ndarray:
-    """(N, H) float32 embeddings of `texts`, in order.
+    """(N, H) float32 embeddings of `texts`, in order ((N, d) with the model's `truncate_dim`,
+    `truncate`).
 
     Texts are batched by length (shortest first, each batch padded to its longest rounded up
     to 16: few shapes to compile, little padding) and put back in input order.
@@ -383,7 +455,7 @@ def embed_texts(
                 ids[i], types[i], 1,
             )  # fmt: skip
         out[rows] = np.asarray(forward(model.params, tokens, mask, segment))[: len(rows)]
-    return out
+    return truncate(out, model.truncate_dim, model.module.normalize)
 
 
 def _forward(module: BertForEmbedding):

@@ -80,8 +80,10 @@ def batch_spec(
 
 def loss_fn(config: ml_collections.ConfigDict, module: embeddings.BertForEmbedding, mesh):
     """`(params, batch, rng) -> (loss, metrics)`: `contrastive_loss` of the config's scale,
-    symmetry and chunks, the encoder under dropout, candidates gathered over `mesh`."""
+    symmetry and chunks, the encoder under dropout, candidates gathered over `mesh`; with
+    `matryoshka_dims`, the sum of the losses of those prefixes and the full embedding."""
     trained = module.clone(normalize=False)  # the loss takes cosines itself
+    dims = matryoshka_dims(config, module.config.hidden_size)
 
     def embed(p, ids, mask, rng):
         return trained.apply({"params": p}, ids, mask, jnp.zeros_like(ids),
@@ -90,10 +92,29 @@ def loss_fn(config: ml_collections.ConfigDict, module: embeddings.BertForEmbeddi
     def loss(p, batch, rng):
         return embeddings.contrastive_loss(
             embed, p, batch, rng, scale=config.scale, symmetric=config.symmetric,
-            chunk_size=config.chunk_size, mesh=mesh,
+            chunk_size=config.chunk_size, dims=dims, mesh=mesh,
         )  # fmt: skip
 
     return loss
+
+
+def matryoshka_dims(config: ml_collections.ConfigDict, hidden_size: int) -> tuple[int, ...]:
+    """The prefix sizes the loss sums over: `matryoshka_dims` and the full `hidden_size`,
+    largest first (sentence-transformers' MatryoshkaLoss trains only what it is given; the
+    full size is always wanted); () where the key is empty (the plain loss).
+
+    Raises:
+        ConfigError: a size of `matryoshka_dims` above `hidden_size`.
+    """
+    from bert_jax.config_bounds import int_list
+
+    dims = int_list(config.get("matryoshka_dims") or ())
+    if not dims:
+        return ()
+    if max(dims) > hidden_size:
+        raise ConfigError(f"--config.matryoshka_dims={config.matryoshka_dims!r}: the encoder's "
+                          f"embeddings have {hidden_size} dimensions")  # fmt: skip
+    return tuple(sorted({*dims, hidden_size}, reverse=True))
 
 
 def make_train_step(

@@ -1,7 +1,8 @@
 r"""Sentence embeddings of a text file, one line one text, written as a (N, H) .npy array.
 
   python -m experiments.embed --model=<dir> --input_file=texts.txt --output_file=emb.npy \
-      [--pooling=mean|cls|last] [--normalize] [--max_seq_length=256] [--batch_size=64]
+      [--pooling=mean|cls|last] [--normalize] [--max_seq_length=256] [--batch_size=64] \
+      [--dims=128]
 
 --model is anything `bert_jax.convert` reads (a Hugging Face directory of BERT, ModernBERT,
 MosaicBERT or ELECTRA, a Google TF checkpoint, a pretraining workdir, a params-only Orbax
@@ -18,6 +19,9 @@ of the input as `wc -l` counts lines: split on "\n" only (a "\r\n" ending droppe
 lines included, a lone "\r", form feed or Unicode line separator kept inside its line. The
 output's directory must exist and the output may not be a directory (both checked before
 the model is read); it is written under a temporary name and renamed when complete.
+--dims=N keeps the first N dimensions of each embedding (a Matryoshka model's prefix),
+re-normalised when the model normalises; default: the directory's `truncate_dim`
+(config_sentence_transformers.json), else all.
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ def save_npy(path: str, array) -> None:
 def run(
     model_path: str, input_file: str, output_file: str, *, pooling=None, normalize=None,
     max_seq_length=None, batch_size: int = 64, vocab_file=None, do_lower_case=None,
+    dims=None,
 ) -> int:  # fmt: skip
     """The whole tool; returns the number of embeddings written."""
     from bert_jax import embeddings, encoder_vocab
@@ -113,12 +118,13 @@ def run(
     )
     model = embeddings.load_embedding_model(
         model_path, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length,
-        vocab_file=vocab_file, do_lower_case=do_lower_case,
+        vocab_file=vocab_file, do_lower_case=do_lower_case, truncate_dim=dims,
     )  # fmt: skip
-    log.info("%d texts from %s; %s pooling%s, %d tokens at most (settings: %s), "
+    log.info("%d texts from %s; %s pooling%s%s, %d tokens at most (settings: %s), "
              "do_lower_case=%s", len(texts), input_file, model.module.pooling,
-             ", L2-normalised" if model.module.normalize else "", model.max_seq_length,
-             model.source, do_lower_case)  # fmt: skip
+             ", L2-normalised" if model.module.normalize else "",
+             f", the first {model.truncate_dim} dimensions" if model.truncate_dim else "",
+             model.max_seq_length, model.source, do_lower_case)  # fmt: skip
     vectors = embeddings.embed_texts(model, texts, batch_size=batch_size)
     save_npy(output_file, vectors)
     log.info("Wrote %s: %d x %d float32", output_file, *vectors.shape)
@@ -147,6 +153,11 @@ def _define_flags():
         "default: the directory's, else the model's positions (<= 512).",
     )
     flags.DEFINE_integer("batch_size", 64, "Texts per forward pass.")
+    flags.DEFINE_integer(
+        "dims", None,
+        "Keep the first N dimensions (Matryoshka), re-normalised when the model normalises; "
+        "default: the directory's truncate_dim, else all.",
+    )  # fmt: skip
     flags.DEFINE_string("vocab_file", None, "Tokenizer file; default: the one beside --model.")
     flags.DEFINE_bool(
         "do_lower_case",
@@ -172,7 +183,7 @@ def main(argv):
         paths.check_not_an_input(f.output_file, (f.input_file, f.model, f.vocab_file))
         run(f.model, f.input_file, f.output_file, pooling=f.pooling, normalize=f.normalize,
             max_seq_length=f.max_seq_length, batch_size=f.batch_size, vocab_file=f.vocab_file,
-            do_lower_case=f.do_lower_case)  # fmt: skip
+            do_lower_case=f.do_lower_case, dims=f.dims)  # fmt: skip
     except (ValueError, FileNotFoundError) as error:  # bad input: one line, no traceback
         raise SystemExit(f"embed: {error}") from None
 

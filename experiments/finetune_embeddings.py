@@ -330,11 +330,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 save(step + 1)
         progress.close()
     params = host_params(state.params)
+    dims = embeddings_train.matryoshka_dims(config, bert.hidden_size)[1:]  # the prefixes
     if dev is not None:
         metrics["after"] = retrieval_scores(current_model(params), dev, config.eval_batch_size)
         log.info("dev after: %s", _fmt(metrics["after"]))
+        if dims:  # Matryoshka: the same embeddings cut to each prefix, re-normalised
+            metrics["after_dims"] = {str(d): retrieval_scores(
+                current_model(params)._replace(truncate_dim=d), dev, config.eval_batch_size)
+                for d in dims}  # fmt: skip
     settings = {"pooling": config.pooling, "normalize": bool(config.normalize),
                 "max_seq_length": int(config.max_seq_length)}  # fmt: skip
+    if dims:
+        settings["matryoshka_dims"] = [bert.hidden_size, *dims]
     if jax.process_index() != 0:  # process 0 writes the model and the metrics
         return metrics
     with finetune_common.final_save(f"{workdir}/checkpoint and metrics.json"):

@@ -140,6 +140,55 @@ def test_loss_and_gradients_equal_sentence_transformers(minilm, reference, kind)
     assert max(np.abs(g).max() for g in ref_grads.values()) > 1e-3  # a gradient to compare
 
 
+@needs_minilm
+@pytest.mark.parametrize("cached", [False, True])
+def test_matryoshka_loss_and_gradients_equal_sentence_transformers(minilm, reference, cached):
+    """Loss value and every encoder weight's gradient, within 1e-5, of the reference's
+    MatryoshkaLoss around MultipleNegativesRankingLoss (its Cached form: embeddings computed
+    once in chunks, cut per size) with a hard-negative column and unequal weights."""
+    from sentence_transformers import losses
+
+    # Weights summing to 1 keep the gradients at the plain loss's size, which the absolute
+    # 1e-5 of the other parity tests is set for (float32 sums of the token-type gradient).
+    dims, weights = (384, 128, 32), (0.3, 0.2, 0.5)
+    inner = (losses.CachedMultipleNegativesRankingLoss(reference, mini_batch_size=2) if cached
+             else losses.MultipleNegativesRankingLoss(reference))  # fmt: skip
+    loss_module = losses.MatryoshkaLoss(reference, inner, list(dims), list(weights))
+    reference.zero_grad()
+    texts = [QUERIES, POSITIVES, NEGATIVES]
+    ref_loss = loss_module([reference.tokenize(t) for t in texts], None)
+    ref_loss.backward()
+    ref_grads = {name: p.grad.numpy() for name, p in reference[0].auto_model.named_parameters()
+                 if p.grad is not None}  # fmt: skip
+
+    batch = _batch(minilm, negatives=True)
+
+    def loss(params):
+        return embeddings.contrastive_loss(
+            _embed_fn(minilm.module), params, batch, jax.random.key(0),
+            chunk_size=2 if cached else 0, dims=dims[::-1], weights=weights[::-1],
+        )  # fmt: skip
+
+    (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(minilm.params)
+    assert abs(float(value) - float(ref_loss)) < 1e-5
+    # Not the plain loss: the prefixes count (each weighted loss differs from the full one's).
+    assert {"loss_384", "loss_128", "loss_32"} <= set(metrics)
+    assert abs(float(value) - float(metrics["loss_384"])) > 1e-3
+    ours, _ = convert.to_hf_state_dict(minilm.module.config, grads)
+    ours = {k.removeprefix("bert."): v for k, v in ours.items()}
+    assert len(ref_grads) > 90
+    for name, expected in ref_grads.items():
+        np.testing.assert_allclose(ours[name], expected, rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_matryoshka_refuses_a_size_beyond_the_embedding():
+    x = jnp.ones((2, 8))
+    with pytest.raises(ValueError, match="1 to 8"):
+        embeddings.matryoshka_loss(x, x, dims=(8, 16))
+    with pytest.raises(ValueError, match="one weight each"):
+        embeddings.matryoshka_loss(x, x, dims=(8, 4), weights=(1.0,))
+
+
 # --- the sharded and cached losses against one device, one pass (a tiny random BERT) ------
 
 

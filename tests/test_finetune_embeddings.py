@@ -57,6 +57,7 @@ def trained(tmp_path_factory):
     config.max_seq_length = 16
     config.eval_batch_size = 8
     config.log_every = 5
+    config.matryoshka_dims = "8,16"  # the loss over prefixes too; dev scored at each size
     config_bounds.check(config, "finetune", devices=8)
     workdir = root / "workdir"
     metrics = finetune_embeddings.run(config, str(workdir))
@@ -97,6 +98,57 @@ def test_the_saved_model_embeds_with_its_pooling_here_and_in_sentence_transforme
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
 
 
+def test_matryoshka_scores_each_size_and_the_export_carries_its_truncation(trained, tmp_path):
+    """metrics.json scores the dev pairs at each prefix; `embed --dims` cuts and re-normalises;
+    `convert --truncate_dim` writes it where `embed` reads it back, and sentence-transformers'
+    `truncate_dim` gives the same vectors (its own are not re-normalised: compared as unit
+    vectors)."""
+    st = pytest.importorskip("sentence_transformers")
+    import subprocess
+    import sys
+
+    workdir, metrics, _ = trained
+    assert set(metrics["after_dims"]) == {"8", "16"}
+    assert set(metrics["after_dims"]["8"]) == set(metrics["after"])
+    saved = json.loads((workdir / "metrics.json").read_text())
+    assert saved["after_dims"] == metrics["after_dims"]
+    meta = json.loads((workdir / "checkpoint" / "finetuned.json").read_text())
+    assert meta["embedding"]["matryoshka_dims"] == [32, 16, 8]
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("where is the river engine\nthe tiger silver is here\n", encoding="utf-8")
+    full, cut = tmp_path / "full.npy", tmp_path / "cut.npy"
+    for out, extra in ((full, []), (cut, ["--dims=8"])):
+        subprocess.run([sys.executable, "-m", "experiments.embed", f"--model={workdir}",
+                        f"--input_file={texts}", f"--output_file={out}", *extra],
+                       check=True, capture_output=True)  # fmt: skip
+    full, cut = np.load(full), np.load(cut)
+    assert full.shape == (2, 32) and cut.shape == (2, 8)
+    expected = full[:, :8] / np.linalg.norm(full[:, :8], axis=1, keepdims=True)
+    np.testing.assert_allclose(cut, expected, rtol=0, atol=1e-6)
+
+    export = tmp_path / "st"
+    subprocess.run(
+        [sys.executable, "-m", "bert_jax.convert", f"--input={workdir}", f"--output={export}",
+         "--format=sentence-transformers", "--truncate_dim=8"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    config = json.loads((export / "config_sentence_transformers.json").read_text())
+    assert config["truncate_dim"] == 8
+    card = (export / "README.md").read_text()
+    assert "truncate_dim=8" in card and "trained at 32, 16, 8" in card
+    assert "first 8 dimensions" in card  # the per-size dev scores
+    model = embeddings.load_embedding_model(str(export))
+    assert model.truncate_dim == 8
+    lines = texts.read_text().splitlines()
+    np.testing.assert_allclose(embeddings.embed_texts(model, lines, show_progress=False), cut,
+                               rtol=0, atol=1e-6)  # fmt: skip
+    theirs = st.SentenceTransformer(str(export), device="cpu", truncate_dim=8).encode(lines)
+    assert theirs.shape == (2, 8)
+    theirs = theirs / np.linalg.norm(theirs, axis=1, keepdims=True)
+    np.testing.assert_allclose(cut, theirs, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "line,message",
     [
@@ -119,6 +171,8 @@ def test_a_bad_pairs_line_is_named_by_file_and_line(tmp_path, line, message):
         ("global_batch_size", 1, r"global_batch_size=1: a batch of one pair has no in-batch"),
         ("pooling", "max", r"--config.pooling='max' is outside its range"),
         ("chunk_size", 3, r"--config.chunk_size=3 does not divide --config.global_batch_size=64"),
+        ("matryoshka_dims", "64,x", r"--config.matryoshka_dims='64,x' is outside its range"),
+        ("matryoshka_dims", "64,64", r"--config.matryoshka_dims='64,64' names a size twice"),
     ],
 )
 def test_bad_keys_are_refused_by_name(key, value, message):

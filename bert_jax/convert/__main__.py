@@ -6,9 +6,10 @@ as a Hugging Face directory or params-only Orbax (see the package docstring).
 
 --format=sentence-transformers writes the HF directory and the modules that make it a
 sentence-transformers model (`SentenceTransformer(output)` loads it): the pooling
-(--pooling, --normalize, --max_seq_length; by default those of the input, when it is a
-sentence-transformers directory or an `experiments.finetune_embeddings` checkpoint, else
-mean pooling, no normalisation and the model's positions up to 512). A
+(--pooling, --normalize, --max_seq_length, --truncate_dim; by default those of the input,
+when it is a sentence-transformers directory or an `experiments.finetune_embeddings`
+checkpoint, else mean pooling, no normalisation, the model's positions up to 512 and every
+dimension). A
 sentence-transformers directory is also read as input (its Transformer module's weights).
 
 An "electra" pretraining workdir exports to HF as two models (`save_hf_electra`): the
@@ -57,6 +58,12 @@ def _define_flags():
         "max_seq_length", None,
         "sentence-transformers output: tokens per text; default: the input's, else the "
         "model's positions up to 512.",
+    )  # fmt: skip
+    flags.DEFINE_integer(
+        "truncate_dim", None,
+        "sentence-transformers output: keep the first N dimensions (a Matryoshka model), "
+        "written to config_sentence_transformers.json and README.md; default: the input's, "
+        "else all.",
     )  # fmt: skip
     flags.DEFINE_string(
         "bert_config_file",
@@ -110,20 +117,28 @@ def _sentence_transformers_files(
             f"--max_seq_length={length} must be in [3, max_position_embeddings="
             f"{config.max_position_embeddings}]"
         )
-    log.info("sentence-transformers modules: %s pooling%s, %d tokens (from %s)", pooling,
+    dim = flags.get("truncate_dim")
+    dim = dim if dim is not None else found.get("truncate_dim")
+    if dim is not None and not 1 <= dim <= config.hidden_size:
+        raise ConversionError(f"--truncate_dim={dim} must be in [1, {config.hidden_size}] (the "
+                              "embedding's size)")  # fmt: skip
+    log.info("sentence-transformers modules: %s pooling%s, %d tokens%s (from %s)", pooling,
              ", normalised" if normalize else "", length,
+             f", the first {dim} dimensions" if dim else "",
              "flags" if flags["pooling"] else where)  # fmt: skip
     name = os.path.basename(os.path.normpath(output))
     card = sentence_transformers.model_card(name, location, pooling, normalize,
                                             config.hidden_size, length,
-                                            pooler_left_out=pooler_left_out)  # fmt: skip
+                                            pooler_left_out=pooler_left_out,
+                                            truncate_dim=dim)  # fmt: skip
     return sentence_transformers.module_files(
-        pooling, normalize, config.hidden_size, length, pooler_left_out=pooler_left_out, card=card
-    )
+        pooling, normalize, config.hidden_size, length, pooler_left_out=pooler_left_out, card=card,
+        truncate_dim=dim,
+    )  # fmt: skip
 
 
 # The flags that only --format=sentence-transformers reads.
-SENTENCE_TRANSFORMERS_FLAGS = ("pooling", "normalize", "max_seq_length")
+SENTENCE_TRANSFORMERS_FLAGS = ("pooling", "normalize", "max_seq_length", "truncate_dim")
 
 
 def check_flags(fmt: str, given: dict) -> None:
@@ -191,6 +206,7 @@ def convert(
     pooling: str | None = None,
     normalize: bool | None = None,
     max_seq_length: int | None = None,
+    truncate_dim: int | None = None,
     bert_config_file: str | None = None,
     vocab_file: str | None = None,
     do_lower_case: bool | None = None,
@@ -213,7 +229,8 @@ def convert(
     from bert_jax.convert.output_dir import check_output
     from bert_jax.convert.readers import detect_format, save_params
 
-    settings = {"pooling": pooling, "normalize": normalize, "max_seq_length": max_seq_length}
+    settings = {"pooling": pooling, "normalize": normalize, "max_seq_length": max_seq_length,
+                "truncate_dim": truncate_dim}  # fmt: skip
     check_flags(fmt, {**settings, "scan_layers": scan_layers})
     # Before anything is read: an --output that is the input, above it, or not an export.
     try:
@@ -292,7 +309,8 @@ def main(argv) -> None:
         wrote = convert(
             FLAGS.input, FLAGS.output, FLAGS.format, pooling=FLAGS.pooling,
             normalize=FLAGS.normalize, max_seq_length=FLAGS.max_seq_length,
-            bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file,
+            truncate_dim=FLAGS.truncate_dim, bert_config_file=FLAGS.bert_config_file,
+            vocab_file=FLAGS.vocab_file,
             do_lower_case=FLAGS.do_lower_case, scan_layers=FLAGS.scan_layers,
             allow_non_finite=FLAGS.allow_non_finite, overwrite=FLAGS.overwrite,
         )  # fmt: skip

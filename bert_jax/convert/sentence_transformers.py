@@ -26,6 +26,9 @@ from data_pipelines import paths
 log = logging.getLogger("bert_jax.convert")
 
 MODULES_FILE = "modules.json"
+# sentence-transformers 5.1.2 reads truncate_dim only from `SentenceTransformer(...,
+# truncate_dim=N)`; an export writes it here too, where `experiments.embed` reads it.
+CONFIG_FILE = "config_sentence_transformers.json"
 _TRANSFORMER = "sentence_transformers.models.Transformer"
 _POOLING = "sentence_transformers.models.Pooling"
 _NORMALIZE = "sentence_transformers.models.Normalize"
@@ -50,6 +53,7 @@ class Settings:
     normalize: bool
     max_seq_length: int | None  # sentence_bert_config.json's; None: the model's own
     model_dir: str  # the Transformer module's HF directory
+    truncate_dim: int | None = None  # config_sentence_transformers.json's (ours; Matryoshka)
 
 
 def is_sentence_transformers(path: str) -> bool:
@@ -131,7 +135,17 @@ def read_settings(path: str) -> Settings | None:
         if not isinstance(found, dict):
             raise ConversionError(f"{st_config}: expected a JSON object")
         max_length = check_max_seq_length(found.get("max_seq_length"), st_config)
-    return Settings(_MODES[on[0]], _NORMALIZE in kinds, max_length, model_dir)
+    truncate_dim = None
+    st_model = os.path.join(path, CONFIG_FILE)
+    if os.path.lexists(st_model):
+        found = _json(_check_inside(path, st_model))
+        truncate_dim = found.get("truncate_dim") if isinstance(found, dict) else None
+        if truncate_dim is not None and (
+            isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or truncate_dim < 1
+        ):
+            raise ConversionError(f"{st_model}: truncate_dim {truncate_dim!r} is not a whole "
+                                  "number of dimensions >= 1")  # fmt: skip
+    return Settings(_MODES[on[0]], _NORMALIZE in kinds, max_length, model_dir, truncate_dim)
 
 
 def module_files(
@@ -142,6 +156,7 @@ def module_files(
     *,
     pooler_left_out: bool = False,
     card: str | None = None,
+    truncate_dim: int | None = None,
 ) -> dict[str, object]:
     """The JSON files (relative path -> content) that make an HF export a
     sentence-transformers directory with the Transformer at its root, and its README.md
@@ -169,7 +184,10 @@ def module_files(
             **modes,
             "include_prompt": True,
         },
-        "config_sentence_transformers.json": {"similarity_fn_name": "cosine"},
+        CONFIG_FILE: {
+            "similarity_fn_name": "cosine",
+            **({"truncate_dim": truncate_dim} if truncate_dim else {}),
+        },  # fmt: skip
         **({README: card} if card is not None else {}),
     }
 
@@ -208,11 +226,16 @@ def model_card(
     max_seq_length: int,
     *,
     pooler_left_out: bool = False,
+    truncate_dim: int | None = None,
 ) -> str:
     """The README.md of an export of `location`: what the model is (base model, training
-    data and objective where the run saved them, pooling), its dev scores where the run
-    measured them (`metrics.json`), and how to load it."""
+    data and objective where the run saved them, pooling, Matryoshka sizes), its dev scores
+    where the run measured them (`metrics.json`), and how to load it (with `truncate_dim`:
+    the first that many dimensions, which sentence-transformers takes from its constructor
+    alone)."""
     meta, metrics = _provenance(location)
+    block = meta.get("embedding") if isinstance(meta.get("embedding"), dict) else {}
+    trained = block.get("matryoshka_dims")
     base = meta.get("init_from") or ("none: trained from scratch" if meta.get("from_scratch")
                                      else None)  # fmt: skip
     rows = [
@@ -223,6 +246,9 @@ def model_card(
         ("embedding", f"{hidden_size} dimensions, {pooling} pooling"
                       + (", L2-normalised (a dot product is the cosine)" if normalize else "")),
         ("max length", f"{max_seq_length} tokens (longer texts are cut)"),
+        ("Matryoshka", trained and "trained at " + ", ".join(map(str, trained))
+                       + " dimensions: a prefix of that size is an embedding of its own"),
+        ("truncated", truncate_dim and f"to the first {truncate_dim} dimensions"),
     ]  # fmt: skip
     lines = [
         "---",
@@ -242,6 +268,9 @@ def model_card(
     ]
     scored = [(when, metrics[when]) for when in ("before", "after")
               if isinstance(metrics.get(when), dict)]  # fmt: skip
+    by_dim = metrics.get("after_dims") if isinstance(metrics.get("after_dims"), dict) else {}
+    scored += [(f"after, first {d} dimensions", s) for d, s in by_dim.items()
+               if isinstance(s, dict)]  # fmt: skip
     if scored:
         numbers = (k for _, s in scored for k, v in s.items() if isinstance(v, int | float))
         keys = list(dict.fromkeys(numbers))  # nDCG@10, MRR@10, R@1, ... in the run's order
@@ -250,7 +279,8 @@ def model_card(
             "## Scores",
             "",
             "The run's `dev_file`: each distinct dev query against every distinct dev positive "
-            "(`metrics.json`), before and after fine-tuning.",
+            "(`metrics.json`), before and after fine-tuning (and at each Matryoshka size, the "
+            "embeddings cut to it).",
             "",
             f"| | {' | '.join(keys)} |",
             f"| --- |{' --- |' * len(keys)}",
@@ -264,7 +294,7 @@ def model_card(
         "```python",
         "from sentence_transformers import SentenceTransformer",
         "",
-        f'model = SentenceTransformer("{name}")  # this directory',
+        f'model = SentenceTransformer("{name}"{_truncated(truncate_dim)})  # this directory',
         'embeddings = model.encode(["a sentence to embed"])',
         "```",
         "",
@@ -279,6 +309,11 @@ def model_card(
             f'`AutoModel.from_pretrained("{name}", add_pooling_layer=False)`.',
         ]
     return "\n".join(lines) + "\n"
+
+
+def _truncated(dim: int | None) -> str:
+    # sentence-transformers 5.1.2 does not read config_sentence_transformers.json's.
+    return f", truncate_dim={dim}" if dim else ""
 
 
 def _score(value) -> str:

@@ -32,6 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.normalize = True  # the saved model L2-normalises (the loss is cosine either way)
     config.scale = 20.0  # cosine similarity x scale = logits (1 / temperature)
     config.symmetric = False  # also each positive against every query
+    config.matryoshka_dims = ""  # e.g. "64,128": also train and score these prefixes ('': off)
     config.query_max_seq_length = 0  # query pieces kept (0: max_seq_length); a question is short
     config.eval_batch_size = 128  # texts per forward pass when scoring dev_file
     config.checkpoint_every = 0  # steps between resumable saves in <workdir>/state (0: none)
