@@ -41,7 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.crop_max_ratio = 0.5
     config.token_deletion = 0.1  # Contriever's optional deletion
     config.sentence_fraction = 0.5
-    config.keep_sentence = 0.1
+    # The sentence stays in its passage: a query whose words the positive holds, as a SQuAD
+    # question's are its paragraph's (ORQA's 0.1 gave 25.7 nDCG@10 against 30.5 in the pilot).
+    config.keep_sentence = 1.0
     # 8 passages of each of 8 documents: 7 negatives of a query are on its own topic.
     config.passages_per_document = 8
     return config
