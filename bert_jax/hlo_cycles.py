@@ -21,7 +21,7 @@ This module sums the per-op estimates of a compiled program's text into seconds:
 
 Ops with neither (collectives on some slices, a kernel without a cost estimate) count zero;
 `OpCycles.unpriced` says how many there were. Text in, numbers out: no JAX here (MaxText's
-driver, `benchmarks/maxtext_reference.py`, reads its programs with it too).
+driver, `benchmarks/studies/maxtext_reference.py`, reads its programs with it too).
 """
 
 from __future__ import annotations

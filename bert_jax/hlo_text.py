@@ -3,7 +3,7 @@ laid out in memory (each array grown to whole tiles of its layout).
 
 What the ahead-of-time tools read from a compiled TPU program beside the cost model's totals:
 `experiments.aot_embeddings` (each loop body's share of the step) and
-`benchmarks.hbm_breakdown` (the step's HBM bytes per kind of op). Text in, numbers out: no
+`benchmarks.studies.hbm_breakdown` (the step's HBM bytes per kind of op). Text in, numbers out: no
 JAX here.
 """
 

@@ -28,7 +28,7 @@ of the per-op `estimated_cycles` it writes into the program, at the chip's clock
 kernels priced by their cost estimates (`bert_jax.hlo_cycles`); with the MFU, tokens/s,
 time and chip-hours of both as a range. Neither is a measurement: the headline is that
 range calibrated against published, measured TPU runs compiled here
-(`experiments.tpu_calibration`, benchmarks/results/tpu_calibration.md), the raw estimates
+(`experiments.tpu_calibration`, benchmarks/tpu_records/tpu_calibration.md), the raw estimates
 beside it (`experiments.aot_report`). The exit status is 1 when the step does not fit, 2
 when it cannot be compiled for another reason.
 """
@@ -209,7 +209,7 @@ def run(
 ) -> int:
     """Checks `config`, prints the report; returns the exit status (0 fits, 1 does not,
     2 no slice to check for). With `record` (a JSON file), the report's figures are kept
-    there under the config's name (`experiments.tpu_records`; `benchmarks.tpu_figures`
+    there under the config's name (`experiments.tpu_records`; `benchmarks.tpu_records.tpu_figures`
     renders the docs' figures from it)."""
     topology = topology or config.get("topology")
     if not topology:
@@ -338,8 +338,8 @@ def _run():
         "record",
         None,
         "Keep the report's figures in this JSON file under the config's name (e.g. "
-        "benchmarks/results/tpu_figures.json, which the docs' TPU figures are generated from: "
-        "python -m benchmarks.tpu_figures --write).",
+        "benchmarks/tpu_records/tpu_figures.json, which the docs' TPU figures are generated from: "
+        "python -m benchmarks.tpu_records.tpu_figures --write).",
     )
     flags.DEFINE_bool(
         "estimate",

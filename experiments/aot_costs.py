@@ -33,7 +33,7 @@ MEGACORE = ("v4", "v5p")
 # On v5p with SparseCore-offloaded all-gathers (MaxText's published 32B flags), each
 # offloaded gather's `PrepareAsyncCallStart` / `PrepareAsyncCallDone` custom calls count
 # -1 s the same way (18 of them, -17.557 s, on MaxText's 32B at 2 layers on v5p-128:
-# benchmarks/results/tpu_calibration.md).
+# benchmarks/tpu_records/tpu_calibration.md).
 UNCOSTED_OPS = (
     'custom_call_target="ConcatBitcast"',
     'custom_call_target="PrepareAsyncCallStart"',

@@ -223,7 +223,7 @@ def pretrain_args(
     records_dir: str, vocab: str, workdir: str, *, timing: bool = False
 ) -> tuple[str, list[str]]:
     """Stage 4's pretraining workdir and its `python -m` arguments, as the flags set them
-    (benchmarks.activation_precision runs them with its own overrides appended)."""
+    (benchmarks.studies.activation_precision runs them with its own overrides appended)."""
     out = os.path.join(workdir, "pretrain")
     steps, length = setting("pretrain_steps"), setting("max_seq_length")
     eval_every, checkpoint_every = (steps, steps) if timing else (steps // 10, steps // 5)

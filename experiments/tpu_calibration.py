@@ -2,7 +2,7 @@
 
 The compiler prices a step twice (`optimal_seconds`, and the sum of its per-op
 `estimated_cycles`: `bert_jax.hlo_cycles`), and neither is a measurement. The record
-`benchmarks/results/tpu_calibration.json` holds published, measured TPU runs (MFU with the
+`benchmarks/tpu_records/tpu_calibration.json` holds published, measured TPU runs (MFU with the
 slice and config measured on), each compiled here and priced by both models; a run's
 ratio for a model is measured MFU / estimated MFU (= estimated / measured step time). A
 step of estimated time s by a model then takes s / ratio on a TPU, by that run; over every
@@ -11,7 +11,7 @@ calibrated range is where the two models' spans overlap (a time each model allow
 the error it showed on every run: each run's own measured time lies in it), and both spans
 together where they do not overlap (`Calibration.step_range`). How far that is to be trusted
 beyond the runs themselves: `leave_one_out`, each run predicted by the others.
-benchmarks/results/tpu_calibration.md is the table.
+benchmarks/tpu_records/tpu_calibration.md is the table.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 import os
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECORD = os.path.join(REPO, "benchmarks", "results", "tpu_calibration.json")
+RECORD = os.path.join(REPO, "benchmarks", "tpu_records", "tpu_calibration.json")
 # The two cost models, as the records and reports name them.
 MODELS = ("optimal_seconds", "per_op")
 MODEL_NAMES = {"optimal_seconds": "optimal_seconds", "per_op": "per-op cycles"}
@@ -50,7 +50,7 @@ class Run:
 @dataclasses.dataclass(frozen=True)
 class Calibration:
     runs: tuple[Run, ...]
-    source: str = "benchmarks/results/tpu_calibration.md"
+    source: str = "benchmarks/tpu_records/tpu_calibration.md"
 
     def ratios(self, model: str) -> list[float]:
         return [r for r in (run.ratio(model) for run in self.runs) if r is not None]
@@ -101,7 +101,7 @@ def leave_one_out(calibration: Calibration) -> list[tuple[str, tuple[float, floa
 
 
 def table(record: dict) -> str:
-    """The record's runs as the markdown table benchmarks/results/tpu_calibration.md shows
+    """The record's runs as the markdown table benchmarks/tpu_records/tpu_calibration.md shows
     (tests/test_hlo_cycles.py checks the page holds it), with each model's spread."""
     lines = [
         "| measured run | slice | bound by | measured MFU | MFU by optimal_seconds | MFU by "

@@ -1,6 +1,6 @@
-"""The record of TPU figures the docs are generated from (benchmarks/results/tpu_figures.json):
-`experiments.aot_compile --record` adds a report to it, `benchmarks.tpu_figures` renders the
-docs' marked figures from it."""
+"""The record of TPU figures the docs are generated from
+(benchmarks/tpu_records/tpu_figures.json): `experiments.aot_compile --record` adds a report to
+it, `benchmarks.tpu_records.tpu_figures` renders the docs' marked figures from it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import os
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECORD = os.path.join(REPO, "benchmarks", "results", "tpu_figures.json")
+RECORD = os.path.join(REPO, "benchmarks", "tpu_records", "tpu_figures.json")
 
 
 def load(path: str = RECORD) -> dict[str, dict]:

@@ -1,10 +1,10 @@
-"""benchmarks.activation_precision: each run is the demo's pretraining with the precision's
+"""benchmarks.studies.activation_precision: each run is the demo's pretraining with the precision's
 model keys, and the verdict is the rule its docstring fixes (the runs themselves are a
 benchmark, not a test)."""
 
 import pytest
 
-from benchmarks import activation_precision as ap
+from benchmarks.studies import activation_precision as ap
 
 
 def test_a_run_is_the_demos_pretraining_at_the_precision(parse_demo_flags):

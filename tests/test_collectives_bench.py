@@ -1,12 +1,13 @@
-"""benchmarks.collectives: each pair of micro programs it compiles for TPU slices computes the
-same values (on 8 CPU devices), so their estimates compare two ways of one computation."""
+"""benchmarks.studies.collectives: each pair of micro programs it compiles for TPU slices
+computes the same values (on 8 CPU devices), so their estimates compare two ways of one
+computation."""
 
 import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from benchmarks import collectives
+from benchmarks.studies import collectives
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""benchmarks.compile_census (the plugin behind docs/testing.md's account of the suite's time):
-run on a test file of its own, it counts each test's compiles and finds a program compiled
-again by a new jit of the same function."""
+"""benchmarks.studies.compile_census (the plugin behind docs/testing.md's account of the
+suite's time): run on a test file of its own, it counts each test's compiles and finds a
+program compiled again by a new jit of the same function."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from benchmarks import compile_census
+from benchmarks.studies import compile_census
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,7 +52,7 @@ def test_census_counts_compiles_and_finds_the_recompiled_program(tmp_path):
     out = tmp_path / "census.jsonl"
     env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "benchmarks.compile_census",
+        [sys.executable, "-m", "pytest", "-q", "-p", "benchmarks.studies.compile_census",
          f"--compile-census={out}", "--compile-census-threshold=0", "-p", "no:cacheprovider",
          "test_subject.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,

@@ -388,7 +388,7 @@ def test_fused_attention_and_its_dropout_are_set_from_the_command_line(name):
 def test_bf16_activations_are_set_from_the_command_line(name):
     path = os.path.join(CONFIG_DIR, name)
     # f32 unless asked: the demo's and the paper's models compute what they computed before
-    # the key existed (benchmarks/results/activation_precision.md measures the bf16 choice).
+    # the key existed (benchmarks/studies/results/activation_precision.md measures the bf16 choice).
     assert train.model_config(_parse_config_flags([f"--config={path}"])).activation_dtype == (
         "float32"
     )

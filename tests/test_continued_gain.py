@@ -1,9 +1,9 @@
-"""benchmarks.continued_gain: its flags and its held-out split (the run itself is a
+"""benchmarks.studies.continued_gain: its flags and its held-out split (the run itself is a
 measurement of several CPU minutes, docs/own_encoder.md; nothing here trains)."""
 
 import pytest
 
-from benchmarks import continued_gain
+from benchmarks.studies import continued_gain
 
 
 def test_help_and_a_bad_flag_are_one_line_each(capsys):

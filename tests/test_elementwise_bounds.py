@@ -1,4 +1,4 @@
-"""benchmarks.elementwise_bounds: each variant's step lacks exactly its kind of op (read in
+"""benchmarks.studies.elementwise_bounds: each variant's step lacks exactly its kind of op (read in
 the lowered program: LayerNorm's rsqrt, exact GELU's erf, threefry's hashing of the dropout
 masks), and the model and config are as they were after the block."""
 
@@ -6,7 +6,7 @@ import jax
 import pytest
 from synthetic_pretraining import tiny_shaped_config
 
-from benchmarks import elementwise_bounds
+from benchmarks.studies import elementwise_bounds
 from bert_jax import heads, model
 from experiments import aot_compile
 

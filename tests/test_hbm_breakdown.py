@@ -1,9 +1,9 @@
-"""benchmarks.hbm_breakdown on a hand-written TPU program text: tiled bytes, what each op
+"""benchmarks.studies.hbm_breakdown on a hand-written TPU program text: tiled bytes, what each op
 moves, its estimated cycles and its kind (the bytes below are worked out by hand)."""
 
 # ruff: noqa: E501  (HLO lines are as long as the compiler writes them)
 
-from benchmarks import hbm_breakdown as hb
+from benchmarks.studies import hbm_breakdown as hb
 
 HLO = """\
 HloModule jit_train_step, is_scheduled=true

@@ -1,7 +1,7 @@
 """Each shipped TPU config's compiler estimate is recorded (benchmarks/results/
 tpu_estimates.json) and docs/tpu_estimates.md states the record's figures: a docs figure
 that drifts from its record fails here. Reading files only: no libtpu, no compile
-(`python -m benchmarks.tpu_drift` recompiles and compares, issue 77 item 5)."""
+(`python -m benchmarks.tpu_records.tpu_drift` recompiles and compares, issue 77 item 5)."""
 
 import glob
 import os
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from benchmarks import tpu_drift
+from benchmarks.tpu_records import tpu_drift
 
 
 def test_the_docs_state_each_shipped_configs_recorded_estimate():
@@ -88,7 +88,7 @@ def test_figures_takes_both_estimates_into_the_ranges_record(tmp_path):
     assert tpu_drift.update_figures("bert_large_paper.py:phase2", "v3:8x8", measured, str(path))
     entry = tpu_records.load(str(path))[key]
     assert (entry["optimal_seconds"], entry["per_op_seconds"]) == (0.0673, 0.0911)
-    assert entry["source"].startswith("python -m benchmarks.tpu_drift --figures")
+    assert entry["source"].startswith("python -m benchmarks.tpu_records.tpu_drift --figures")
     assert entry["flops_per_step"] == entries[key]["flops_per_step"]  # the rest is kept
     assert not tpu_drift.update_figures("bert_large_paper.py:phase2", "v3:4x4", measured, str(path))
 

@@ -1,6 +1,6 @@
 """The README's and docs' TPU times and costs are their records' calibrated ranges
-(`benchmarks.tpu_figures`): a page figure that drifts from its record fails here, and so does
-a TPU page stating a time or cost outside a marker. No libtpu."""
+(`benchmarks.tpu_records.tpu_figures`): a page figure that drifts from its record fails here,
+and so does a TPU page stating a time or cost outside a marker. No libtpu."""
 
 import glob
 import json
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from benchmarks import tpu_figures
+from benchmarks.tpu_records import tpu_figures
 from experiments import tpu_calibration
 
 # A TPU time or cost as the pages write one: a number and days, d, h, hour(s), min or

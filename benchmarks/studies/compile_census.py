@@ -2,7 +2,7 @@
 compiles (count and seconds), JAX's tracing and lowering, and which programs were compiled
 before in the same process (a compilation cache could only save those).
 
-    python -m pytest -p benchmarks.compile_census --compile-census=census.jsonl tests/...
+    python -m pytest -p benchmarks.studies.compile_census --compile-census=census.jsonl tests/...
 
 Each test appends one JSON line to the file (the xdist workers too); the run ends with a
 summary. It wraps `jax._src.compiler.backend_compile_and_load`, a private function of
@@ -61,7 +61,7 @@ def pytest_addoption(parser):
     parser.addoption(
         "--compile-census",
         metavar="PATH",
-        help="benchmarks.compile_census: append each test's XLA compile counts to PATH",
+        help="benchmarks.studies.compile_census: append each test's XLA compile counts to PATH",
     )
     parser.addoption(
         "--compile-census-threshold",

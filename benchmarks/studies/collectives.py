@@ -17,8 +17,8 @@ compile) with the weights gathered as stored, f32, by the constraint, and with
 `config.shard_weight_update_explicit_gather` (matmul kernels cast to the compute dtype on
 their shards and all-gathered explicitly, `train_state.gather_params`).
 
-  python -m benchmarks.collectives --what=micro
-  python -m benchmarks.collectives --what=step \
+  python -m benchmarks.studies.collectives --what=micro
+  python -m benchmarks.studies.collectives --what=step \
       --config=experiments/configs/bert_large_paper.py:phase1 --layers=4
 (docs/tpu_estimates.md, "Collectives: explicit all-gather and reduce-scatter", has the figures.)
 """
@@ -30,7 +30,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from benchmarks.bf16_options import collective_bytes, step_figures
+from benchmarks.studies.bf16_options import collective_bytes, step_figures
 from data_pipelines import cli
 
 FLAGS = flags.FLAGS

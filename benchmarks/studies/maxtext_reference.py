@@ -22,7 +22,7 @@ Set up (outside the repo; MaxText needs Python >= 3.12):
 
 Run (one config per call; each result is printed and appended as a JSON line to --record):
 
-  /work/wt/maxtext_venv/bin/python benchmarks/maxtext_reference.py \
+  /work/wt/maxtext_venv/bin/python benchmarks/studies/maxtext_reference.py \
       --maxtext_dir=/work/wt/maxtext_src --topology=v4-128 --record=/tmp/maxtext.jsonl \
       --label="ModernBERT-base shape, full" -- base_emb_dim=768 base_num_decoder_layers=22 ...
 
@@ -64,7 +64,7 @@ PEAK_FLOPS = {"v4": 275e12, "v5p": 459e12, "v5e": 197e12, "v6e": 918e12}
 
 # The JAX device kind of each generation (for the per-op estimates' clock).
 DEVICE_KIND = {"v4": "TPU v4", "v5p": "TPU v5", "v5e": "TPU v5 lite"}
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Ops libtpu 0.0.42.1's cost model cannot price and counts at -1 s each (see docstring).
 # (v5p's SparseCore-offloaded gathers: PrepareAsyncCallStart / Done, -1 s each too.)

@@ -1,16 +1,18 @@
 r"""Keeps each shipped TPU config's compiler estimate from drifting unseen.
 
-The record, `benchmarks/results/tpu_estimates.json`, holds per config and phase what
+The record, `benchmarks/tpu_records/tpu_estimates.json`, holds per config and phase what
 docs/tpu_estimates.md states of it: the TPU compiler's estimate of one train step (its
 cost model's `optimal_seconds` of the step compiled with its layers unrolled, as
 `experiments.aot_compile` reports it), the MFU that implies, the cost model's HBM traffic
 per device, the scanned train step's memory per device, and the libtpu, jax and date they
 were measured with. Recompiling against it:
 
-  python -m benchmarks.tpu_drift                             # every config in the record
-  python -m benchmarks.tpu_drift --configs=bert_base_paper.py:phase2,bert_large_paper.py:phase2
-  python -m benchmarks.tpu_drift --configs=... --update      # measured figures into the record
-  python -m benchmarks.tpu_drift --configs=... --update --figures   # and the docs' ranges' record
+  python -m benchmarks.tpu_records.tpu_drift          # every config in the record
+  python -m benchmarks.tpu_records.tpu_drift \
+      --configs=bert_base_paper.py:phase2,bert_large_paper.py:phase2
+  python -m benchmarks.tpu_records.tpu_drift --configs=... --update   # measured figures in
+  python -m benchmarks.tpu_records.tpu_drift --configs=... --update --figures   # and the
+                                                                  # docs' ranges' record
 
 compiles each config named (libtpu needed, no TPU: the slice is described by
 `jax.experimental.topologies`), prints its figures beside the record's and names every one
@@ -26,9 +28,10 @@ so (`bert_jax.layers.product_dtype` read the compiling host's backend).
 
 The same compile also gives the compiler's second estimate, its per-op `estimated_cycles`
 summed (`experiments.aot_compile.per_op_seconds`); with `--figures` both estimates go into
-the record the docs' calibrated ranges are rendered from (benchmarks/results/tpu_figures.json,
-the entry `<config>@<slice>`; `python -m benchmarks.tpu_figures --write` then rewrites the
-pages), replacing a figure that entry carried from the docs' tables.
+the record the docs' calibrated ranges are rendered from
+(benchmarks/tpu_records/tpu_figures.json, the entry `<config>@<slice>`;
+`python -m benchmarks.tpu_records.tpu_figures --write` then rewrites the pages), replacing a
+figure that entry carried from the docs' tables.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ import os
 import re
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECORD = os.path.join(REPO, "benchmarks", "results", "tpu_estimates.json")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECORD = os.path.join(REPO, "benchmarks", "tpu_records", "tpu_estimates.json")
 DOCS = os.path.join(REPO, "docs", "tpu_estimates.md")
 TOLERANCE = 0.01
 # The figures compared, with how each is written in the docs.
@@ -218,7 +221,7 @@ def update_figures(name: str, slice_: str, measured: dict, path: str | None = No
         optimal_seconds=measured["optimal_seconds"],
         per_op_seconds=measured["per_op_seconds"],
         train_gib=measured["train_gib"],
-        source=tpu_records.stamp("python -m benchmarks.tpu_drift --figures"),
+        source=tpu_records.stamp("python -m benchmarks.tpu_records.tpu_drift --figures"),
     )
     tpu_records.write(path, entries)
     return True
@@ -238,11 +241,11 @@ def versions() -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.tpu_drift",
+        prog="python -m benchmarks.tpu_records.tpu_drift",
         description="Recompile each shipped TPU config (experiments/configs/*.py:phaseN, on "
         "its slice, libtpu on this host) and report every figure of the TPU compiler's "
         "estimate (ms/step, MFU, HBM GB/step, train-step GiB/device) that moved by more than "
-        "--tolerance from benchmarks/results/tpu_estimates.json. Exit 1 if any did.",
+        "--tolerance from benchmarks/tpu_records/tpu_estimates.json. Exit 1 if any did.",
     )
     parser.add_argument(
         "--configs",
@@ -258,8 +261,8 @@ def main(argv=None) -> int:
         "--figures",
         action="store_true",
         help="with --update: also write both estimates (optimal_seconds and the per-op sum) "
-        "into benchmarks/results/tpu_figures.json, which the docs' calibrated ranges are "
-        "rendered from (then: python -m benchmarks.tpu_figures --write)",
+        "into benchmarks/tpu_records/tpu_figures.json, which the docs' calibrated ranges are "
+        "rendered from (then: python -m benchmarks.tpu_records.tpu_figures --write)",
     )
     parser.add_argument(
         "--docs_only",
@@ -295,7 +298,7 @@ def main(argv=None) -> int:
             entries[name].update({k: measured[k] for k in FIGURES})
             entries[name].update(versions())
             entries[name]["measured"] = (
-                f"{datetime.date.today().isoformat()}, python -m benchmarks.tpu_drift, "
+                f"{datetime.date.today().isoformat()}, python -m benchmarks.tpu_records.tpu_drift, "
                 f"load {load_average:.1f}"
             )
             save(record, args.record)

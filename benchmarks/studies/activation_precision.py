@@ -1,7 +1,7 @@
 r"""Are bf16 activations safe to train with? The demo's BERT and modern recipes, shortened,
 under three precisions, compared on held-out masked LM (issue 66, item 3's numerics check).
 
-  python -m benchmarks.activation_precision --workdir=/tmp/activation_precision \
+  python -m benchmarks.studies.activation_precision --workdir=/tmp/activation_precision \
       [--steps=1000] [--seeds=0,1] [--recipes=bert,modern] [--jobs=2] [--launcher=cpu] \
       [--output_json=precision.json]
 

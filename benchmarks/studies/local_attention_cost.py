@@ -14,11 +14,11 @@ with and without remat, to show what the scanned layer's `nn.cond` keeps for the
 The cost model counts a scanned body once, so time estimates are read from looped programs.
 
 Examples:
-  python -m benchmarks.local_attention_cost --platform=cpu --preset=modernbert_tiny \
+  python -m benchmarks.studies.local_attention_cost --platform=cpu --preset=modernbert_tiny \
       --seq_len=4096
-  python -m benchmarks.local_attention_cost --platform=tpu --topology=v4:2x2x1 \
+  python -m benchmarks.studies.local_attention_cost --platform=tpu --topology=v4:2x2x1 \
       --preset=modernbert_base --seq_len=8192 --dtype=bfloat16
-  python -m benchmarks.local_attention_cost --platform=tpu --what=encoder --seq_len=8192
+  python -m benchmarks.studies.local_attention_cost --platform=tpu --what=encoder --seq_len=8192
 (docs/tpu_estimates.md, "Local attention", has the figures of 2026-11-26.)
 """
 

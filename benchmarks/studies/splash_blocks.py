@@ -8,8 +8,8 @@ the einsum path's figures for the same computation (`--einsum`) are printed. A t
 not fit the kernel's on-chip memory fails to compile and is reported so. Estimates only: a
 real TPU run is the final word on tile sizes.
 
-  python -m benchmarks.splash_blocks --seq_len=1024 --rows=72
-  python -m benchmarks.splash_blocks --seq_len=8192 --rows=1 --einsum
+  python -m benchmarks.studies.splash_blocks --seq_len=1024 --rows=72
+  python -m benchmarks.studies.splash_blocks --seq_len=8192 --rows=1 --einsum
 (docs/tpu_modernbert.md has the figures of 2026-11-29.)
 """
 

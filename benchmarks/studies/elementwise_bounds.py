@@ -12,7 +12,8 @@ bounds what any faster form of it can buy. The variants are not models anyone sh
   no_gelu        the feed-forward activation the identity
   none           all three out
 
-  python -m benchmarks.elementwise_bounds --config=experiments/configs/bert_large_paper.py:phase1
+  python -m benchmarks.studies.elementwise_bounds \
+      --config=experiments/configs/bert_large_paper.py:phase1
 (docs/tpu_elementwise.md, "Dropout masks and fused attention", has the figures.)
 """
 
@@ -74,7 +75,7 @@ def without(config, kinds: tuple[str, ...]):
 
 def main(argv) -> int:
     del argv
-    from benchmarks.bf16_options import step_figures
+    from benchmarks.studies.bf16_options import step_figures
     from experiments import aot_compile
 
     config = aot_compile.unrolled(FLAGS.config)

@@ -26,10 +26,11 @@ in 128-lane tiles is 2x) and the `--top` ops with their result's shape and layou
 first place to look for an array that should not be in HBM or not in that layout.
 Examples:
 
-  python -m benchmarks.hbm_breakdown \
+  python -m benchmarks.studies.hbm_breakdown \
       --config=experiments/configs/modernbert_base_tpu.py:phase1
-  python -m benchmarks.hbm_breakdown --config=experiments/configs/modernbert_base_tpu.py:phase1 \
-      --save_hlo=/tmp/phase1.hlo        # keep the program text; --hlo=/tmp/phase1.hlo re-reads it
+  python -m benchmarks.studies.hbm_breakdown \
+      --config=experiments/configs/modernbert_base_tpu.py:phase1 \
+      --save_hlo=/tmp/phase1.hlo   # keep the program text; --hlo=/tmp/phase1.hlo re-reads it
 (docs/tpu_modernbert_recipe.md has the einsum-era tables, docs/tpu_modernbert.md and
 docs/tpu_modernbert_changes.md the splash ones.)
 """
