@@ -147,6 +147,9 @@ def test_matryoshka_scores_each_size_and_the_export_carries_its_truncation(train
     assert theirs.shape == (2, 8)
     theirs = theirs / np.linalg.norm(theirs, axis=1, keepdims=True)
     np.testing.assert_allclose(cut, theirs, rtol=0, atol=1e-5)
+    (export / "config_sentence_transformers.json").write_text('{"truncate_dim": "8"}')
+    with pytest.raises(convert.ConversionError, match="truncate_dim '8' is not a whole number"):
+        embeddings.load_embedding_model(str(export))
 
 
 @pytest.mark.parametrize(
