@@ -10,7 +10,8 @@ The loss is in-batch negatives over the whole global batch (every device's queri
 every positive), cosine similarity times `scale`; with `chunk_size` the batch is embedded
 in cached chunks (GradCache), so the batch of negatives is not limited by memory.
 The defaults are sentence-transformers' (MultipleNegativesRankingLoss, scale 20, lr 5e-5,
-10% warmup, mean pooling) at the real all-MiniLM-L6-v2 weights that install with pip.
+10% warmup, mean pooling, AdamW with bias correction and no weight decay) at the real
+all-MiniLM-L6-v2 weights that install with pip.
 """
 
 import ml_collections
@@ -45,4 +46,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.keep_sentence = 0.1  # that sentence left in the positive (ORQA's 10%)
     config.passages_per_document = 1  # k passages of one document in a batch (1: at random)
     config.log_every = 10
+    # sentence-transformers' trainer (transformers' Trainer): AdamW with bias correction,
+    # no weight decay; BERT's AdamW without bias correction stays the fine-tuning default.
+    config.optimizer = "adamw_bias_corrected"
+    config.weight_decay = 0.0
     return config
