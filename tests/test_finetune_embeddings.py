@@ -57,11 +57,31 @@ def trained(tmp_path_factory):
     config.max_seq_length = 16
     config.eval_batch_size = 8
     config.log_every = 5
-    config.matryoshka_dims = "8,16"  # the loss over prefixes too; dev scored at each size
     config_bounds.check(config, "finetune", devices=8)
     workdir = root / "workdir"
     metrics = finetune_embeddings.run(config, str(workdir))
     return workdir, metrics, config
+
+
+@pytest.fixture(scope="module")
+def matryoshka(tmp_path_factory):
+    """A few steps with the loss over 8- and 16-dimension prefixes too, dev scored at each."""
+    root = tmp_path_factory.mktemp("matryoshka")
+    hf = convert.save_hf(root / "hf", TINY, pretrained_params(), vocab_file=minilm_vocab(),
+                         do_lower_case=True)  # fmt: skip
+    config = embeddings_config.get_config()
+    config.init_from = str(hf)
+    config.train_file = str(_pairs(root / "train.tsv", 16, negatives=True))
+    config.dev_file = str(_pairs(root / "dev.tsv", 16))
+    config.global_batch_size = 8
+    config.num_train_steps = 2
+    config.max_seq_length = 16
+    config.eval_batch_size = 8
+    config.log_every = 1
+    config.matryoshka_dims = "8,16"
+    config_bounds.check(config, "finetune", devices=8)
+    workdir = root / "workdir"
+    return workdir, finetune_embeddings.run(config, str(workdir))
 
 
 def test_training_learns_the_pairs_and_scores_dev_before_and_after(trained):
@@ -98,7 +118,7 @@ def test_the_saved_model_embeds_with_its_pooling_here_and_in_sentence_transforme
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
 
 
-def test_matryoshka_scores_each_size_and_the_export_carries_its_truncation(trained, tmp_path):
+def test_matryoshka_scores_each_size_and_the_export_carries_its_truncation(matryoshka, tmp_path):
     """metrics.json scores the dev pairs at each prefix; `embed --dims` cuts and re-normalises;
     `convert --truncate_dim` writes it where `embed` reads it back, and sentence-transformers'
     `truncate_dim` gives the same vectors (its own are not re-normalised: compared as unit
@@ -107,7 +127,9 @@ def test_matryoshka_scores_each_size_and_the_export_carries_its_truncation(train
     import subprocess
     import sys
 
-    workdir, metrics, _ = trained
+    workdir, metrics = matryoshka
+    log = [json.loads(line) for line in (workdir / "train_log.jsonl").read_text().splitlines()]
+    assert {"loss_32", "loss_16", "loss_8"} <= set(log[0])  # each size's own loss
     assert set(metrics["after_dims"]) == {"8", "16"}
     assert set(metrics["after_dims"]["8"]) == set(metrics["after"])
     saved = json.loads((workdir / "metrics.json").read_text())
