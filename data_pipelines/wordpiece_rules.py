@@ -216,9 +216,10 @@ def build_pipeline(
     return tokenizer
 
 
-def write_class_table(directory: str = _CLASS_TABLE_DIR) -> str:
+def write_class_table(directory: str | None = None) -> str:
     """Scans this interpreter's Unicode classes and writes their table into `directory` (by
     default the package's, which ships one per Unicode version); returns its path."""
+    directory = _CLASS_TABLE_DIR if directory is None else directory  # read at call time
     path = os.path.join(directory, os.path.basename(_class_table_path(unicodedata.unidata_version)))
     os.makedirs(directory, exist_ok=True)
     with open(path + ".incomplete", "w", encoding="utf-8") as f:

@@ -54,6 +54,9 @@ def trained(tmp_path_factory):
     config.num_train_steps = 30
     config.learning_rate = 2e-3
     config.warmup_proportion = 0.0
+    # The rate above is BERT's AdamW's (no bias correction: small first steps); the config's
+    # default, sentence-transformers' bias-corrected AdamW, takes full steps at once.
+    config.optimizer = "adamw"
     config.max_seq_length = 16
     config.eval_batch_size = 8
     config.log_every = 5
