@@ -178,7 +178,8 @@ def supervised(workdir: str, arm: str, seed: int, budget: int | None, score) -> 
         f"--config.learning_rate={FLAGS.finetune_learning_rate}",
         "--config.optimizer=adamw_bias_corrected",
         f"--config.scale={FLAGS.scale}", f"--config.max_seq_length={FLAGS.max_seq_length}",
-        "--config.query_max_seq_length=64", "--config.pooling=mean", "--config.normalize=True",
+        f"--config.query_max_seq_length={min(64, FLAGS.max_seq_length)}",
+        "--config.pooling=mean", "--config.normalize=True",
         f"--config.eval_batch_size={FLAGS.eval_batch_size}",
     ])  # fmt: skip
     with open(os.path.join(out, "metrics.json"), encoding="utf-8") as f:
