@@ -93,6 +93,7 @@ class BertForEmbedding(nn.Module):
     config: BertConfig
     pooling: str = "mean"
     normalize: bool = False
+    has_head = False  # nothing of it is initialised fresh on top of a loaded encoder
 
     @nn.compact
     def __call__(self, input_ids, input_mask, token_type_ids, *, deterministic: bool = True):

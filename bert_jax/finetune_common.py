@@ -95,9 +95,9 @@ def _load_model(module, init_from, from_scratch, bert_config_file, rng, config_o
         params = jax.jit(lambda r: nn.unbox(module.init(r, ids, ids, ids)["params"]))(rng)
         log.info("Initialised every weight from scratch (config and vocab from %s%s)",
                  init_from, step)  # fmt: skip
-    elif heads := sorted(set(params) - {"bert"}):  # an embedding model has no head
-        log.info("Encoder from %s%s; %s initialised fresh", init_from, step, ", ".join(heads))
-    else:
+    elif getattr(module, "has_head", True):
+        log.info("Encoder from %s%s; head initialised fresh", init_from, step)
+    else:  # an embedding model: the encoder and a pooling, no head
         log.info("Encoder from %s%s", init_from, step)
     return module, config, params, vocab_file, source.step
 

@@ -199,6 +199,7 @@ def _config(root, steps, **extra):
     config.chunk_size = 4
     config.num_train_steps = steps
     config.learning_rate = 2e-3
+    config.optimizer = "adamw"  # BERT's, whose small first steps this rate was set for
     # One shape of batch (passages of 14 pieces and their crops): one compilation a run.
     config.max_seq_length = 16
     config.query_max_seq_length = 16

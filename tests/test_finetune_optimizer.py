@@ -139,6 +139,9 @@ def _configs():
 BIAS_CORRECTED_RECIPES = {
     "embeddings_modernbert_base_tpu": "adamw_bias_corrected",
     "finetune_own_classification": "adamw_bias_corrected",
+    # sentence-transformers' trainer (transformers' Trainer), as their docstrings say
+    "embeddings": "adamw_bias_corrected",
+    "embeddings_contrastive_pretraining": "adamw_bias_corrected",
 }
 
 
@@ -150,7 +153,8 @@ def test_every_fine_tuning_config_names_its_optimizer():
         assert "optimizer" in config, (name, variant)
         assert config.optimizer in common.OPTIMIZERS, (name, variant, config.optimizer)
         # The original recipe's BERT AdamW, except where a config reproduces a recipe
-        # trained with torch's AdamW (ModernBERT's contrastive recipe, transformers' Trainer)
+        # trained with torch's AdamW (sentence-transformers' and ModernBERT's contrastive
+        # recipes: transformers' Trainer)
         # or chooses bias correction for short runs (a user's own labels, few steps).
         expected = BIAS_CORRECTED_RECIPES.get(name, "adamw")
         assert config.optimizer == expected, (name, variant)
