@@ -40,7 +40,7 @@ FIXED_ROWS = (
     ),
     (
         "cpt",
-        "contrastive pretraining on raw text, zero labels (from MLM or random: see below)",
+        "contrastive pretraining on raw text, zero labels",
         "contrastive pretraining, zero labels",
     ),
 )
@@ -142,7 +142,7 @@ def table(results: dict[str, dict]) -> list[str]:
             scale, digits = (100, 1) if key in METRICS else (1, 3)
             spread = "" if math.isnan(std) else f" ± {scale * std:.{digits}f}"
             cells.append(f"{scale * mean:.{digits}f}{spread}")
-        chain = "MLM -> contrastive pretraining" if "cpt" in results else "MLM"
+        chain = _chain(results)
         label = {"pretrained": f"pretrained here ({chain}) + contrastive, all pairs",
                  "scratch": "random weights + contrastive (scratch), all pairs"}[arm]  # fmt: skip
         wall = sum(r["wall_seconds"] for r in runs) / len(runs)
@@ -219,6 +219,15 @@ def fusion_lines(results: dict[str, dict]) -> list[str]:
             "0.1 ... 1.0 on the held-out SQuADShifts pairs, never on SQuAD dev."]  # fmt: skip
 
 
+def _chain(results: dict[str, dict]) -> str:
+    """What the pretrained arm's encoder went through before its supervised pairs."""
+    cpt = results.get("cpt")
+    if not cpt:
+        return "MLM"
+    return ("MLM -> contrastive pretraining" if cpt.get("init") == "mlm"
+            else "contrastive pretraining from random weights")  # fmt: skip
+
+
 def verdict(results: dict[str, dict]) -> str:
     """Does pretraining pay? Read off the nDCG@10 interval."""
     gain = intervals(results).get("nDCG@10")
@@ -231,7 +240,7 @@ def verdict(results: dict[str, dict]) -> str:
         answer = "no: the pretrained encoder is worse"
     else:
         answer = "not shown: the interval holds zero"
-    return (f"Does masked-LM pretraining pay for retrieval here? {answer} (nDCG@10 "
+    return (f"Does pretraining ({_chain(results)}) pay for retrieval here? {answer} (nDCG@10 "
             f"{mean:+.1f} points [{low:+.1f}, {high:+.1f}] over {len(paired_seeds(results))} "
             "paired seeds).")  # fmt: skip
 
@@ -309,6 +318,7 @@ def report(
         f"{corpus.get('sentences', 0):,} sentences, {corpus.get('characters', 0):,} "
         f"characters; a {s['vocab_size']:,}-piece WordPiece vocab of that text); held-out "
         f"MLM accuracy {_percent(pretrain.get('held_out_mlm_accuracy'))}.",
+        *_cpt_line(results.get("cpt")),
         f"- Contrastive fine-tuning of both arms: {data.get('pairs', 0):,} SQuADShifts "
         f"(question, paragraph) pairs ({', '.join(data.get('shifts', []))}; no dev "
         f"paragraph among them), {s['finetune_steps']:,} steps of {s['finetune_batch_size']} "
@@ -341,6 +351,16 @@ def report(
         os.replace(path + ".tmp", path)
     figure(results, os.path.join(workdir, "retrieval.png"))
     return text
+
+
+def _cpt_line(cpt: dict | None) -> list[str]:
+    if not cpt:
+        return []
+    start = "the MLM encoder" if cpt.get("init") == "mlm" else "random weights"
+    return [f"- Contrastive pretraining (zero labels): {cpt.get('steps', 0):,} steps from {start} "
+            f"on {cpt.get('passages', 0):,} passages of the Wikipedia pages and the SQuADShifts "
+            "training paragraphs (experiments/configs/embeddings_contrastive_pretraining.py); "
+            "the pretrained arm starts from it."]  # fmt: skip
 
 
 def _percent(value: float | None) -> str:
