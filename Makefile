@@ -166,7 +166,7 @@ electra-compare: $(STAMP)  ## ELECTRA vs MLM at equal compute (BERT-tiny, IMDB, 
 recipe-compare: $(STAMP)  ## the demo's recipes (BERT, each modern choice, all) at equal wall time (CPU hours)
 	$(PY) -m experiments.recipe_compare --workdir=$(WORKDIR)/recipe_compare $(ARGS)
 
-retrieval: $(STAMP)  ## SQuAD-dev passage retrieval: BM25, the published MiniLM, pretrained here vs scratch (CPU, ~40 min)
+retrieval: $(STAMP)  ## SQuAD-dev passage retrieval: BM25, MiniLM, contrastive pretraining, pretrained vs scratch, fusion (CPU, 60-90 min)
 	$(PY) -m experiments.retrieval_table --workdir=$(WORKDIR)/retrieval $(ARGS)
 
 # --- the embedded default: BERT-tiny pretrained on Shakespeare, from nothing -------------
