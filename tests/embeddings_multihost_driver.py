@@ -20,14 +20,9 @@ def main(argv: list[str]) -> None:
     flags.DEFINE_string("workdir", None, "The run's workdir.")
     flag_values = flags.FLAGS
     flag_values(argv)
-    if flag_values.num_processes > 1:
-        # Gloo gives CPU processes cross-process collectives; set before the backend starts.
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            flag_values.coordinator_address,
-            num_processes=flag_values.num_processes,
-            process_id=flag_values.process_id,
-        )
+    from multihost_driver import start_processes
+
+    start_processes(flag_values)
     from experiments import finetune_embeddings
     from experiments.configs import embeddings_contrastive_pretraining
 

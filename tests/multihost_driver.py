@@ -95,6 +95,18 @@ def load_batches(path: str) -> list[dict[str, np.ndarray]]:
         ]
 
 
+def start_processes(flag_values) -> None:
+    """`jax.distributed` over gloo when --num_processes > 1 (before the backend starts)."""
+    if flag_values.num_processes > 1:
+        # Gloo gives CPU processes cross-process collectives; set before the backend starts.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            flag_values.coordinator_address,
+            num_processes=flag_values.num_processes,
+            process_id=flag_values.process_id,
+        )
+
+
 def main(argv: list[str]) -> None:
     from absl import flags
 
@@ -109,14 +121,7 @@ def main(argv: list[str]) -> None:
     flag_values = flags.FLAGS
     flag_values(argv)
 
-    if flag_values.num_processes > 1:
-        # Gloo gives CPU processes cross-process collectives; set before the backend starts.
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            flag_values.coordinator_address,
-            num_processes=flag_values.num_processes,
-            process_id=flag_values.process_id,
-        )
+    start_processes(flag_values)
     from bert_jax import checkpointing, pretraining_input, sharding
     from bert_jax.config import BertConfig
 
