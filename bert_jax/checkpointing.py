@@ -92,16 +92,21 @@ def _check_landed(manager: _Manager, step: int, expected: dict) -> None:
     """Reads back the metadata of the save of `step`; one that does not read is set aside
     (`<step>.unreadable`), forgotten by `manager`, and raises `CheckpointError` naming it."""
     step_dir = manager.directory / str(step)
-    if not manager.directory.is_dir():
-        # The directory went away after the save landed (unmounted, replaced by a file):
-        # there is nothing to read back or set aside here; the next save names the
-        # directory in its own error, as before this check.
-        return
     try:
         check_readable(step_dir, expected)
     except Exception as error:  # noqa: BLE001 - any failure to read it back
+        if not manager.directory.is_dir():
+            # The directory went away after the save landed, or while it was read back
+            # (unmounted, replaced by a file): there is nothing to set aside here; the next
+            # save names the directory in its own error.
+            return
         reason = _reason_line(error)
-        aside = (_set_aside([step_dir]) or [f"{step_dir}.unreadable"])[0]
+        try:
+            aside = (_set_aside([step_dir]) or [f"{step_dir}.unreadable"])[0]
+        except OSError:
+            if not manager.directory.is_dir():  # it went away between the check and here
+                return
+            raise
         manager.reload()  # its latest_step is the one before now
         before = manager.latest_step()
         kept = (
