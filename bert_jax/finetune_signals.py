@@ -1,6 +1,7 @@
 """SIGTERM and Ctrl-C in a fine-tuning run: one line saying what was saved, exit 128 + the
-signal (`stopping_on_signals`), and a final save that completes before a stop takes effect
-(`final_save`). Every fine-tuning entry point uses them through `finetune_main`;
+signal (`stopping_on_signals`), a final save that completes before a stop takes effect
+(`final_save`), and a step loop that stops between steps, at the same step on every process
+(`signals_between_steps`). Every fine-tuning entry point uses them through `finetune_main`;
 `finetune_common` re-exports the names its callers know.
 """
 
@@ -37,8 +38,18 @@ class _FinalSave(threading.local):
 _FINAL_SAVE = _FinalSave()
 
 
+class _BetweenSteps(threading.local):
+    noted: list[int] | None = None  # inside `signals_between_steps`: signals noted, not raised
+
+
+_BETWEEN_STEPS = _BetweenSteps()
+
+
 def _on_signal(signum, frame):
     del frame
+    if _BETWEEN_STEPS.noted is not None:
+        _BETWEEN_STEPS.noted.append(signum)
+        return
     if _FINAL_SAVE.active and _FINAL_SAVE.pending is None:
         _FINAL_SAVE.pending = signum
         log.warning(
@@ -92,3 +103,86 @@ def final_save(what: str) -> Iterator[None]:
         raise Stopped(
             pending, f"during the final save, which completed first: {what} are written", True
         )
+
+
+# What JAX's SIGTERM notifier writes in the coordination service when its process gets
+# SIGTERM (kPreemptionNoticeKey of xla/tsl's preemption_sync_manager.cc): every process's
+# preemption sync manager waits on it, then agrees on the step to stop at.
+PREEMPTION_NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"
+
+
+class StepBoundary:
+    """Where a step loop inside `signals_between_steps` asks whether to stop: `stop_after`."""
+
+    def __init__(self, noted: list[int], watcher=None):
+        self.noted = noted  # the signals this process got, in order
+        self._watcher = watcher  # more than one process: the agreement pretraining uses
+        self._announced = False
+
+    def stop_after(self, step: int) -> int | None:
+        """The signal to stop with once `step` steps are done (None: train on). One process:
+        its first signal. More than one: the same step on every process, once any of them
+        got SIGTERM or Ctrl-C (JAX's preemption sync service, as `PreemptionWatcher`);
+        `step` must grow by one a call, the same on every process."""
+        if self._watcher is None:
+            return self.noted[0] if self.noted else None
+        if self.noted and not self._announced:
+            self._announced = True
+            announce_preemption()
+        if not self._watcher.should_stop(step):
+            return None
+        here = signal.Signals(self.noted[0]).name if self.noted else "a signal to another process"
+        log.warning("stopping after step %d on every process (%s)", step, here)
+        return self.noted[0] if self.noted else signal.SIGTERM
+
+
+def announce_preemption() -> None:
+    """Tells every process's preemption sync manager that this one must stop: the notice
+    JAX's own SIGTERM notifier posts (its handler is this module's while a loop runs, and
+    Ctrl-C has none). A notice already posted (another process's) stands."""
+    import datetime
+
+    import jax
+    from jax._src import distributed
+
+    now = datetime.datetime.now(datetime.UTC).isoformat()  # the "death time"
+    try:
+        distributed.global_state.client.key_value_set(PREEMPTION_NOTICE_KEY, now)
+    except jax.errors.JaxRuntimeError as error:  # ALREADY_EXISTS: the agreement is under way
+        log.info("a preemption notice was posted already: %s", error)
+
+
+@contextlib.contextmanager
+def signals_between_steps(manager=None) -> Iterator[StepBoundary]:
+    """SIGTERM and Ctrl-C noted instead of raised while a step loop runs: the loop asks the
+    yielded `StepBoundary` after each step, and when it says stop, saves and raises
+    `Stopped` (a step interrupted half-way would leave the donated state gone). With more
+    than one process the stop step is agreed through `manager` (a checkpoint manager:
+    `checkpointing.PreemptionWatcher`'s), so all processes save the same step together.
+    Handlers only in the main thread, where they live."""
+    import jax
+
+    watcher = None
+    if jax.process_count() > 1:
+        from jax._src import distributed
+
+        from bert_jax import checkpointing
+
+        watcher = checkpointing.PreemptionWatcher(manager)  # installs no handler here
+        if distributed.global_state.preemption_sync_manager is None:
+            log.warning(
+                "JAX's preemption service is off (jax_enable_preemption_service): SIGTERM "
+                "and Ctrl-C cannot stop this multi-process run at one step"
+            )
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield StepBoundary(noted, watcher)
+        return
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    outer, _BETWEEN_STEPS.noted = _BETWEEN_STEPS.noted, noted
+    try:
+        yield StepBoundary(noted, watcher)
+    finally:
+        _BETWEEN_STEPS.noted = outer
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -116,6 +116,25 @@ def global_batch(
     }
 
 
+def process_rows(mesh: Mesh, batch_size: int, rules=DEFAULT_RULES) -> slice:
+    """The rows of a global batch of `batch_size` that this process's devices hold under the
+    `batch` rule: the slice of it this process gives `global_batch`.
+
+    Raises:
+        ValueError: the devices hold no one contiguous share (a mesh whose data axes do
+            not split along the processes).
+    """
+    spans = batch_sharding(mesh, rules).addressable_devices_indices_map((batch_size,))
+    starts = [index[0].start or 0 for index in spans.values()]
+    stops = [batch_size if index[0].stop is None else index[0].stop for index in spans.values()]
+    rows = slice(min(starts), max(stops))
+    if rows.stop - rows.start != batch_size // jax.process_count():
+        raise ValueError(f"process {jax.process_index()}'s devices hold rows {spans} of the "
+                         "batch, not one contiguous share: use a mesh whose data axes split "
+                         "along the processes")  # fmt: skip
+    return rows
+
+
 # --- the sharded weight update --------------------------------------------------------------
 
 

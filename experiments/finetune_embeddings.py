@@ -22,13 +22,10 @@ read.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
-import signal
-import threading
 import time
 
 import ml_collections
@@ -184,24 +181,6 @@ def pair_source(config, tokenizer):
     )
 
 
-def process_rows(mesh, batch_size: int) -> slice:
-    """The rows of a global batch this process's devices hold under the batch sharding: the
-    slice it puts on them (`sharding.global_batch`)."""
-    import jax
-
-    from bert_jax import sharding
-
-    spans = sharding.batch_sharding(mesh).addressable_devices_indices_map((batch_size,))
-    starts = [index[0].start or 0 for index in spans.values()]
-    stops = [batch_size if index[0].stop is None else index[0].stop for index in spans.values()]
-    rows = slice(min(starts), max(stops))
-    if rows.stop - rows.start != batch_size // jax.process_count():
-        raise ValueError(f"process {jax.process_index()}'s devices hold rows {spans} of the "
-                         "batch, not one contiguous share: use a mesh whose data axes split "
-                         "along the processes")  # fmt: skip
-    return rows
-
-
 def local_batch(batch: dict[str, np.ndarray], rows: slice) -> dict[str, np.ndarray]:
     return {k: v[rows] for k, v in batch.items()}
 
@@ -235,6 +214,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
     from bert_jax import checkpointing, embeddings, embeddings_train, finetune_common, sharding
     from bert_jax.config import BertConfig
+    from bert_jax.finetune_signals import signals_between_steps
     from data_pipelines.tasks.pairs import read_pairs
 
     start = time.time()
@@ -262,7 +242,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     state, step_fn = contrastive.state, contrastive.step
     _, dropout_rng = finetune_common.run_keys(config)
     state, first, manager = resume_state(config, workdir, state, contrastive.shardings)
-    rows = process_rows(mesh, config.global_batch_size)
+    rows = sharding.process_rows(mesh, config.global_batch_size)  # this process's share
 
     def current_model(p):
         return embeddings.EmbeddingModel(module, p, task.tokenizer, task.vocab_file,
@@ -291,10 +271,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         os.replace(log_path, kept)
         log.info("the earlier run's %s kept as %s", log_path, kept)
     # The mesh is ambient while the step is traced: the model's activation constraints and
-    # splash's shard_map read it (embeddings_train).
+    # splash's shard_map read it (embeddings_train). SIGTERM / Ctrl-C to any process stops
+    # every process after the same step (`finetune_signals.signals_between_steps`).
     log_target = log_path if jax.process_index() == 0 else os.devnull  # process 0 logs
     with sharding.activation_context(mesh), open(log_target, "a", encoding="utf-8") as log_file, \
-            signals_between_steps() as pending:  # fmt: skip
+            signals_between_steps(manager) as boundary:  # fmt: skip
         progress = tqdm(total=num_steps, initial=first, desc="contrastive", unit="step",
                         disable=jax.process_index() != 0)  # fmt: skip
         window_start = time.time()
@@ -319,11 +300,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 progress.set_postfix(loss=f"{record['loss']:.4f}",
                                      acc=f"{record['accuracy']:.3f}")  # fmt: skip
                 history = []
-            if pending:  # SIGTERM / Ctrl-C: saved after the step, resumed there
+            signum = boundary.stop_after(step + 1)
+            if signum:  # SIGTERM / Ctrl-C: saved after the step, resumed there
                 progress.close()
                 save(step + 1)
                 raise finetune_common.Stopped(
-                    pending[0], f"at step {step + 1} of {num_steps}: the train state is saved "
+                    signum, f"at step {step + 1} of {num_steps}: the train state is saved "
                     f"in {os.path.join(workdir, 'state')}; rerun the same command to resume",
                 )  # fmt: skip
             if every and (step + 1) % every == 0 and step + 1 < num_steps:
@@ -371,24 +353,6 @@ def host_params(params):
     from jax.experimental import multihost_utils
 
     return multihost_utils.process_allgather(params, tiled=True)
-
-
-@contextlib.contextmanager
-def signals_between_steps():
-    """SIGTERM and Ctrl-C noted (the yielded list) instead of raised: the loop finishes its
-    step, saves and stops (a step interrupted half-way would leave the donated state gone).
-    Only in the main thread, where signal handlers live."""
-    pending: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield pending
-        return
-    previous = {s: signal.signal(s, lambda signum, _: pending.append(signum))
-                for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
-    try:
-        yield pending
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _fmt(scores: dict[str, float]) -> str:

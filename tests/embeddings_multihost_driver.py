@@ -1,10 +1,14 @@
 """One process of a contrastive-pretraining run (experiments.finetune_embeddings on raw
 text) for tests/test_embeddings_multihost.py: with --num_processes=2 each of two processes
 owns 4 CPU devices (jax.distributed + gloo) and feeds its rows of the global batch; with 1,
-a plain process owns all 8 (the reference)."""
+a plain process owns all 8 (the reference). With --sigterm_at_step, this process alone
+sends itself SIGTERM while it makes that step's batch: every process must stop after the
+same step, exit 143 saying so, and a rerun must resume there."""
 
 import os
+import signal
 import sys
+import time
 
 import jax
 
@@ -18,11 +22,13 @@ def main(argv: list[str]) -> None:
     flags.DEFINE_string("init_from", None, "The encoder (a transformers directory).")
     flags.DEFINE_string("corpus", None, "The raw text the pairs are made from.")
     flags.DEFINE_string("workdir", None, "The run's workdir.")
+    flags.DEFINE_integer("sigterm_at_step", -1, "This process gets SIGTERM at this step.")
     flag_values = flags.FLAGS
     flag_values(argv)
     from multihost_driver import start_processes
 
     start_processes(flag_values)
+    from bert_jax import finetune_signals
     from experiments import finetune_embeddings
     from experiments.configs import embeddings_contrastive_pretraining
 
@@ -39,9 +45,30 @@ def main(argv: list[str]) -> None:
     config.log_every = 1
     config.passages_per_document = 2
     config.checkpoint_every = 2  # a multi-process save of the resume point too
-    finetune_embeddings.run(config, flag_values.workdir)
-    if flag_values.num_processes > 1:
-        jax.distributed.shutdown()
+    if flag_values.sigterm_at_step >= 0:
+        _sigterm_at(finetune_embeddings.CorpusPairs, flag_values.sigterm_at_step)
+    try:  # as the fine-tuning CLI: a stop is one line saying what was saved, exit 128 + 15
+        with finetune_signals.stopping_on_signals("embeddings_multihost_driver"):
+            finetune_embeddings.run(config, flag_values.workdir)
+    finally:
+        if flag_values.num_processes > 1:
+            jax.distributed.shutdown()
+
+
+def _sigterm_at(pairs, at: int) -> None:
+    """SIGTERM to this process while it makes step `at`'s batch (noted: the step runs). At
+    the next step it waits 3 s, a slow host: the other process waits for it in the step's
+    collectives, and the stop step is agreed long before the run's last step."""
+    real = pairs.batch
+
+    def batch(self, step):
+        if step == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if step == at + 1:
+            time.sleep(3)
+        return real(self, step)
+
+    pairs.batch = batch
 
 
 if __name__ == "__main__":
