@@ -38,7 +38,7 @@ def define_flags() -> None:
     flags.DEFINE_enum("cpt_init", "random", ["mlm", "random"], "Contrastive pretraining "
                       "starts from random weights or from the MLM encoder (mlm: the chain; "
                       "20.1 against 30.5 nDCG@10 in the pilot: retrieval_results.md)")  # fmt: skip
-    flags.DEFINE_integer("cpt_steps", 600, "Contrastive pretraining steps (0: none).")
+    flags.DEFINE_integer("cpt_steps", 1000, "Contrastive pretraining steps (0: none).")
     flags.DEFINE_integer("cpt_batch_size", 64, "Pairs a contrastive pretraining step.")
     flags.DEFINE_float("cpt_learning_rate", 1e-3, "Peak contrastive pretraining rate.")
     flags.DEFINE_list("budgets", ["640"], "Pair budgets for the supervised arms besides "

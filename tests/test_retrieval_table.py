@@ -195,7 +195,7 @@ def test_a_tiny_run_of_every_stage_resumes_after_a_stage_is_lost(tmp_path):
         "--pretrain_seq_length=32", "--vocab_size=1000", "--shifts=new_wiki_v1.0",
         "--finetune_steps=3", "--finetune_batch_size=8", "--max_seq_length=48",
         "--eval_batch_size=32", "--dev_articles=1", "--minilm_reference", "--cpt_steps=4",
-        "--cpt_batch_size=8", "--budgets=16", "--heldout_paragraphs=20",
+        "--cpt_batch_size=16", "--budgets=16", "--heldout_paragraphs=20",
     ]  # fmt: skip
     env = {**os.environ, "USE_TF": "0"}
     first = run_captured(args, timeout=900, cwd=REPO, env=env)
