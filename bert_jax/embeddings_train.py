@@ -13,9 +13,10 @@ the ahead-of-time compile both run it there): the model's activation constraints
 splash attention's `shard_map` read the ambient mesh.
 
 Model FLOPs (`flops_per_step`): every text (query, positive, hard negatives) is one sequence
-of `max_seq_length` token slots through the encoder; forward + backward is 3 forward passes
-(6 x matmul params x tokens, plus attention), and the cached chunks (GradCache) run the
-forward a second time in the backward pass: 4 forward passes of hardware work.
+of `max_seq_length` token slots through the encoder (a query `query_max_seq_length`'s where
+set); forward + backward is 3 forward passes (6 x matmul params x tokens, plus attention),
+and the cached chunks (GradCache) run the forward a second time in the backward pass: 4
+forward passes of hardware work.
 """
 
 from __future__ import annotations
@@ -180,11 +181,14 @@ def check_encoder(config: ml_collections.ConfigDict, found: BertConfig) -> None:
         )
 
 
-def flops_per_step(cfg: BertConfig, pairs: int, negatives: int, seq_len: int) -> dict[str, float]:
+def flops_per_step(
+    cfg: BertConfig, pairs: int, negatives: int, seq_len: int, query_seq_len: int = 0
+) -> dict[str, float]:
     """Model FLOPs of one contrastive step: `model` forward + backward (3 forward passes of
-    every text's `seq_len` slots, the convention of MFU), `with_recompute` adding the cached
-    chunks' second forward (4 passes). The loss's (B, B(1+K)) similarity matrix is left out
-    (under 0.1% of either)."""
-    sequences = pairs * (2 + negatives)
-    forward = sequences * telemetry._encoder_flops(cfg, seq_len)  # layers, attention included
+    every text's `seq_len` slots, the queries' `query_seq_len` where set, the convention of
+    MFU), `with_recompute` adding the cached chunks' second forward (4 passes). The loss's
+    (B, B(1+K)) similarity matrix is left out (under 0.1% of either)."""
+    queries = pairs * telemetry._encoder_flops(cfg, query_seq_len or seq_len)
+    others = pairs * (1 + negatives) * telemetry._encoder_flops(cfg, seq_len)
+    forward = queries + others  # layers, attention included
     return {"model": 3.0 * forward, "with_recompute": 4.0 * forward}

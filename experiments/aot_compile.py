@@ -273,8 +273,9 @@ def main(argv) -> int:
         if contrastive:  # experiments.finetune_embeddings' step (experiments/aot_embeddings.py)
             layers = tuple(int(n) for n in FLAGS.proxy_layers) if FLAGS.proxy_layers else None
             return aot_embeddings.run(
-                FLAGS.config, FLAGS.topology, FLAGS.negatives, FLAGS.estimate, layers
-            )
+                FLAGS.config, FLAGS.topology, FLAGS.negatives, FLAGS.estimate, layers,
+                FLAGS.record, config_name(),
+            )  # fmt: skip
         return run(
             FLAGS.config,
             FLAGS.topology,

@@ -235,6 +235,7 @@ class ContrastiveReport:
     # The step by the compiler's per-op estimates (`bert_jax.hlo_cycles`: loop bodies times
     # their trips, kernels by their cost estimates), s; None: no clock known for the chip.
     per_op_seconds: float | None = None
+    token_slots: int = 0  # `token_slots`: every text's compiled length, summed
 
     @property
     def fits(self) -> bool:
@@ -376,15 +377,25 @@ def lower_step(config, devices, negatives: int, layers: int | None = None):
     return lowered, mesh, cfg, weights
 
 
+def token_slots(config, negatives: int) -> int:
+    """Token slots of a step's texts at their compiled lengths: queries at
+    `query_max_seq_length` where set, positives and hard negatives at `max_seq_length`."""
+    t = config.max_seq_length
+    return config.global_batch_size * ((config.get("query_max_seq_length", 0) or t)
+                                       + (1 + negatives) * t)  # fmt: skip
+
+
 def layout_of(config, mesh_shape: dict[str, int], cfg, negatives: int, devices: int) -> str:
     axes = ", ".join(f"{name} {size}" for name, size in mesh_shape.items() if size > 1)
     pairs, chunk = config.global_batch_size, config.chunk_size or config.global_batch_size
     texts = pairs * (2 + negatives)
+    queries = config.get("query_max_seq_length", 0)
+    queries = f", queries of {queries}" if queries else ""
     return (
         f"mesh ({axes or 'one device'}), weights replicated; {pairs:,} pairs + {negatives} hard "
-        f"negative(s) each ({texts:,} texts of {config.max_seq_length} tokens), cached chunks "
-        f"of {chunk:,} pairs ({chunk / devices:g} per device), {cfg.attention_implementation} "
-        f"attention, {cfg.dtype} matmuls, remat {cfg.remat_policy}"
+        f"negative(s) each ({texts:,} texts of {config.max_seq_length} tokens{queries}), "
+        f"cached chunks of {chunk:,} pairs ({chunk / devices:g} per device), "
+        f"{cfg.attention_implementation} attention, {cfg.dtype} matmuls, remat {cfg.remat_policy}"
     )
 
 
@@ -416,12 +427,15 @@ def check(
         mesh_shape=dict(mesh.shape),
         hbm_bytes=aot_costs.device_hbm_bytes(kind),
         train=MemoryUse.of(compiled),
-        flops=embeddings_train.flops_per_step(cfg, pairs, negatives, config.max_seq_length),
+        flops=embeddings_train.flops_per_step(
+            cfg, pairs, negatives, config.max_seq_length, config.get("query_max_seq_length", 0)
+        ),
         steps=config.num_train_steps,
         peak_flops_per_device=aot_costs.device_peak_flops(kind),
         compile_seconds=seconds,
         layout=layout_of(config, dict(mesh.shape), cfg, negatives, len(devices)),
         texts=pairs * (2 + negatives),
+        token_slots=token_slots(config, negatives),
         raw_seconds=raw,
         step_seconds=step,
         program=program,
@@ -481,10 +495,14 @@ def run(
     negatives: int,
     estimate: bool = True,
     proxy_layers: tuple[int, int] | None = None,
+    record: str | None = None,
+    name: str = "",
 ) -> int:
     """Checks the contrastive `config`, prints the report; returns the exit status (0 fits,
     1 does not, 2 no slice to check for). With `proxy_layers` (two layer counts), the step
-    is compiled with the encoder cut to each and the report extrapolated to its layers."""
+    is compiled with the encoder cut to each and the report extrapolated to its layers. With
+    `record` (a JSON file), the report's figures are kept there as `name@topology`
+    (`experiments.tpu_records.record_contrastive`), as a pretraining config's are."""
     from bert_jax import embeddings_train
 
     topology = topology or config.get("topology")
@@ -503,7 +521,11 @@ def run(
                 print(proxy_line(proxies[-1]), flush=True)
             cfg = embeddings_train.encoder_config(config)
             flops = embeddings_train.flops_per_step(
-                cfg, config.global_batch_size, negatives, config.max_seq_length
+                cfg,
+                config.global_batch_size,
+                negatives,
+                config.max_seq_length,
+                config.get("query_max_seq_length", 0),
             )
             report = extrapolate(*proxies, cfg, flops)
         else:
@@ -514,6 +536,11 @@ def run(
         print(f"DOES NOT FIT on {topology}: the TPU compiler ran out of HBM:\n{e}")
         return 1
     print(report.format())
+    if record:
+        from experiments import tpu_records
+
+        tpu_records.record_contrastive(record, report, name)
+        print(f"recorded in {record}")
     if not report.fits:
         print(f"DOES NOT FIT on {topology}: needs {report.train.total / GiB:.2f} GiB per device")
         return 1

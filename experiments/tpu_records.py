@@ -54,3 +54,33 @@ def record_report(path: str, report, name: str) -> None:
         "source": stamp("experiments.aot_compile --record"),
     }
     write(path, entries)
+
+
+def record_contrastive(path: str, report, name: str) -> None:
+    """Keeps an `experiments.aot_embeddings` report's figures in `path` as `name@topology`,
+    in the fields `record_report` writes: the model FLOPs are its forward + backward
+    (`flops["model"]`), the step the estimate with every chunk loop's trips counted (and,
+    for a `--proxy_layers` report, continued from its proxies to the whole encoder)."""
+    entries = load(path) if os.path.exists(path) else {}
+    key = f"{name}@{report.topology}"
+    proxies = [p.layers for p in report.proxies]
+    entries[key] = {
+        "id": key,
+        "slice": report.topology,
+        "device_kind": report.device_kind,
+        "num_devices": report.num_devices,
+        "num_chips": report.num_chips,
+        "peak_flops_per_device": report.peak_flops_per_device,
+        "flops_per_step": report.flops["model"],
+        "steps": report.steps,
+        "tokens_per_step": report.token_slots,
+        "optimal_seconds": report.step_seconds,
+        "per_op_seconds": report.per_op_seconds,
+        "train_gib": round(report.train.total / 1024**3, 2),
+        "layout": report.layout,
+        "source": stamp(
+            "experiments.aot_compile --record"
+            + (f" --proxy_layers={','.join(map(str, proxies))}" if proxies else "")
+        ),
+    }
+    write(path, entries)

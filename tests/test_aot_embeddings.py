@@ -24,6 +24,7 @@ import pytest
 from bert_jax import config_bounds, embeddings, embeddings_train, sharding
 from bert_jax.config import BertConfig, ConfigError
 from experiments.configs import embeddings as embeddings_config
+from experiments.configs import embeddings_contrastive_pretraining_tpu as pretraining_tpu
 from experiments.configs import embeddings_modernbert_base_tpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,6 +175,108 @@ def test_an_extrapolation_continues_every_figure_on_the_line_through_two_proxies
     assert out.program.parts[aot_embeddings.PARTS[0]].hbm_bytes == pytest.approx(22e9)
     assert out.collective_seconds == pytest.approx({"gather": 0.5, "gradients": 2.2})
     assert [p.layers for p in out.proxies] == [3, 6] and "extrapolated from 3 and 6" in out.layout
+
+
+# --- contrastive pretraining on raw text at pod scale (embeddings_contrastive_pretraining_tpu)
+
+
+@pytest.mark.parametrize("variant", list(pretraining_tpu.VARIANTS))
+def test_contrastive_pretraining_on_tpu_is_nomics_stage_one_on_its_slice(variant):
+    """What fails cheaply before a compile or a slice: the batch over the chips and hosts,
+    the chunks, the lengths, the schedule (contrastors' stage 1: docstring)."""
+    from experiments import tpu_slice
+
+    config = pretraining_tpu.get_config(variant)
+    topology, chips = pretraining_tpu.VARIANTS[variant]
+    assert config.topology == topology and tpu_slice.topology_device_count(topology) == chips
+    hosts = tpu_slice.topology_hosts(topology)
+    config_bounds.check(config, "finetune", devices=chips, processes=hosts)
+    batch, chunk = config.global_batch_size, config.chunk_size
+    # 16,384 pairs: whole rows for every host and chip, whole chunks of 64 pairs per chip.
+    assert batch == 16_384 and batch % (chips * hosts) == 0
+    assert chunk == 64 * chips and batch % chunk == 0
+    assert batch // chunk == {"pod": 4, "v4_8": 64}[variant]  # the chunk loops' trips
+    assert (config.query_max_seq_length, config.max_seq_length) == (64, 256)
+    assert config.eval_batch_size % chips == 0
+    # The einsum attention: splash tiles are multiples of 128 tokens, a 64-token query is not.
+    cfg = embeddings_train.encoder_config(config)
+    assert cfg.attention_implementation != "splash" and config.query_max_seq_length % 128
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.dtype) == (22, 768, "bfloat16")
+    assert config.max_seq_length <= cfg.max_position_embeddings
+    assert (config.learning_rate, config.scale, config.weight_decay) == (2e-4, 50.0, 0.01)
+    assert config.num_train_steps == 235_000_000 // batch == 14_343
+    assert int(config.num_train_steps * config.warmup_proportion) == 700  # make_optimizer's
+    assert not config.corpus_files and not config.train_file  # given on the command line
+    with pytest.raises(ValueError, match="unknown variant"):
+        pretraining_tpu.get_config("v5e")
+
+
+def test_contrastive_pretraining_on_tpu_commands_name_what_exists():
+    """The config's and the docs' commands name an existing config file and variant, compile
+    the pairs-only step (--negatives=0: the raw text gives no hard negatives) and pass the
+    corpus; the CPU config they build on is unchanged."""
+    from experiments.configs import embeddings_contrastive_pretraining as cpu
+
+    pages = [pretraining_tpu.__doc__]
+    with open(os.path.join(REPO, "docs", "tpu_embeddings.md"), encoding="utf-8") as f:
+        pages.append(f.read())
+    for text in pages:
+        named = re.findall(r"--config=(experiments/configs/[\w.]+\.py)(?::(\w+))?", text)
+        assert named, text[:200]
+        for path, variant in named:
+            assert os.path.exists(os.path.join(REPO, path)), path
+            if path.endswith("embeddings_contrastive_pretraining_tpu.py") and variant:
+                assert variant in pretraining_tpu.VARIANTS, variant
+        compiles = [c for c in re.findall(r"aot_compile(?:[^\n]*\\\n)*[^\n]*", text)
+                    if "embeddings_contrastive_pretraining_tpu" in c]  # fmt: skip
+        assert compiles and all("--negatives=0" in c and "--proxy_layers=3,6" in c
+                                for c in compiles), compiles  # fmt: skip
+    assert "--config.corpus_files=" in pretraining_tpu.__doc__
+    default = cpu.get_config()
+    assert (default.global_batch_size, default.max_seq_length, default.scale) == (64, 128, 20.0)
+
+
+def test_model_flops_count_queries_at_their_own_length():
+    cfg = BertConfig.from_preset("base")
+    flops = embeddings_train.flops_per_step(cfg, pairs=4, negatives=0, seq_len=256,
+                                            query_seq_len=64)  # fmt: skip
+
+    def forward(t):  # one sequence of t tokens: 24 H^2 per token per layer + attention
+        return t * 12 * (24 * 768**2 + 4 * t * 768)
+
+    assert flops["model"] == pytest.approx(3 * 4 * (forward(64) + forward(256)))
+    same = embeddings_train.flops_per_step(cfg, pairs=4, negatives=0, seq_len=256)
+    assert same["model"] == pytest.approx(3 * 8 * forward(256))  # no query length: all at T
+
+
+def test_a_contrastive_report_is_recorded_and_rendered_as_a_calibrated_range(tmp_path):
+    """`aot_compile --record` keeps a contrastive report as a pretraining one's: the docs'
+    `tpu-figure` markers render it (benchmarks.tpu_records.tpu_figures)."""
+    from benchmarks.tpu_records import tpu_figures
+    from experiments import aot_embeddings, tpu_calibration, tpu_records
+    from experiments.aot_compile import MemoryUse
+
+    config = pretraining_tpu.get_config("pod")
+    assert aot_embeddings.token_slots(config, 0) == 16_384 * (64 + 256)
+    report = aot_embeddings.ContrastiveReport(
+        topology="v4:4x4x4", device_kind="TPU v4", num_devices=64, num_chips=64,
+        mesh_shape={"data": 64}, hbm_bytes=32 * 2**30, train=MemoryUse(2**30, 0, 0, 0, 0),
+        flops={"model": 1e16, "with_recompute": 1.3e16}, steps=14_343,
+        peak_flops_per_device=275e12, compile_seconds=1.0, layout="x", texts=32_768,
+        raw_seconds=0.5, step_seconds=1.0, program=None, per_op_seconds=1.2,
+        token_slots=aot_embeddings.token_slots(config, 0),
+    )  # fmt: skip
+    path, name = tmp_path / "figures.json", "embeddings_contrastive_pretraining_tpu.py:pod"
+    tpu_records.record_contrastive(str(path), report, name)
+    entries = tpu_records.load(str(path))
+    key = f"{name}@v4:4x4x4"
+    entry = entries[key]
+    assert (entry["flops_per_step"], entry["optimal_seconds"], entry["per_op_seconds"]) == (
+        1e16, 1.0, 1.2)  # fmt: skip
+    assert entry["tokens_per_step"] == 16_384 * 320 and entry["train_gib"] == 1.0
+    text = tpu_figures.render(entries, key, " usd=3.22", tpu_calibration.load())
+    assert re.fullmatch(r"[\d.]+-[\d.]+ (h|days), [\d,]+-[\d,]+ chip-hours, \$[\d,]+-\$[\d,]+ "
+                        r"at \$3\.22/chip-hour", text), text  # fmt: skip
 
 
 # --- compiled for a TPU slice (libtpu) -------------------------------------------------------

@@ -54,6 +54,7 @@ VARIANTS = {
     "finetune_glue.py": ("cola", "mrpc", "stsb", "qqp", "mnli"),
     "finetune_squad.py": ("v1.1", "v2.0"),
     "embeddings_modernbert_base_tpu.py": ("recipe", "pod"),
+    "embeddings_contrastive_pretraining_tpu.py": ("pod", "v4_8"),
 }
 HUGE = 10**12
 

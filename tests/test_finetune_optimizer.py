@@ -138,6 +138,8 @@ def _configs():
 
 BIAS_CORRECTED_RECIPES = {
     "embeddings_modernbert_base_tpu": "adamw_bias_corrected",
+    # ModernBERT-embed's stage 1 (nomic's contrastors: torch's AdamW)
+    "embeddings_contrastive_pretraining_tpu": "adamw_bias_corrected",
     "finetune_own_classification": "adamw_bias_corrected",
     # sentence-transformers' trainer (transformers' Trainer), as their docstrings say
     "embeddings": "adamw_bias_corrected",

@@ -36,6 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # (tests/test_tpu_figures.py); PAGES are the pages whose markers --write rewrites.
 TPU_PAGES = (
     "docs/tpu.md",
+    "docs/tpu_embeddings.md",
     "docs/tpu_estimates.md",
     "docs/tpu_elementwise.md",
     "docs/tpu_modernbert.md",

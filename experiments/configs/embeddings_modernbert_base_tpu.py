@@ -28,7 +28,7 @@ sentence-transformers limit was ModernBERT's 8,192; MS MARCO's passages are shor
 few longer than 256 tokens are cut here); each batch is padded only to its longest text,
 rounded up to 16, so the compiled 256 is the worst case. The compiled step, its
 memory, the compiler's time estimate and where the bytes and the embeddings' all-gather go:
-docs/tpu_modernbert.md, "Contrastive fine-tuning".
+docs/tpu_embeddings.md, "Contrastive fine-tuning".
 
   python -m experiments.aot_compile --proxy_layers=3,6 \
       --config=experiments/configs/embeddings_modernbert_base_tpu.py:recipe   # or :pod
