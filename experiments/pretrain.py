@@ -9,34 +9,17 @@ elsewhere give --coordinator_address, --num_processes and --process_id.
 """
 
 import contextlib
-import ipaddress
 import signal
-import socket
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bert_jax import distributed as multihost
+from bert_jax.distributed import loopback_bind_address  # noqa: F401 (its home before)
 from data_pipelines import cli
 
 FLAGS = flags.FLAGS
-
-
-def loopback_bind_address(coordinator_address: str | None) -> str | None:
-    """`coordinator_address` when its host is a loopback address (localhost, 127.0.0.1,
-    [::1]), where process 0's coordinator then listens; None otherwise (JAX's default: every
-    interface, which the other hosts of a multi-host run need)."""
-    if not coordinator_address:
-        return None
-    host = coordinator_address.rsplit(":", 1)[0].strip("[]")
-    try:
-        found = socket.getaddrinfo(host, None)
-    except OSError:
-        return None
-    addresses = {info[4][0] for info in found}
-    if addresses and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
-        return coordinator_address
-    return None
 
 
 def main(argv):
@@ -44,9 +27,11 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from bert_jax import config_bounds, workdir_lock
 
-    # Every key in its range (bert_jax.config_bounds), refused in one line before JAX starts.
+    # The multi-host flags and every key in its range (bert_jax.config_bounds), refused in
+    # one line before JAX starts.
+    multihost.check_or_exit(FLAGS, "pretrain")
     config_bounds.check_or_exit(FLAGS.config, "pretrain", "pretrain")
-    distributed = bool(FLAGS.coordinator_address or FLAGS.distributed)
+    distributed = multihost.requested(FLAGS)
     # One run per workdir, refused before any JAX work; a multi-process run is one run, its
     # process 0 holds the lock (taken once the processes know their indices).
     with contextlib.ExitStack() as lock:
@@ -62,16 +47,7 @@ def _run(distributed: bool, lock: contextlib.ExitStack) -> None:
 
     from bert_jax import config_bounds, workdir_lock
 
-    if distributed:
-        if FLAGS.coordinator_address:
-            # Gloo gives CPU processes their cross-process collectives (no effect elsewhere).
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator_address=FLAGS.coordinator_address,
-            num_processes=FLAGS.num_processes,
-            process_id=FLAGS.process_id,
-            coordinator_bind_address=loopback_bind_address(FLAGS.coordinator_address),
-        )
+    multihost.start(FLAGS)  # jax.distributed when `distributed`, before the backend starts
     # The rules that need the device and process counts (the batch over the data-parallel
     # devices and the data streams), before the mesh, the data and the compile.
     counts = dict(devices=jax.device_count(), processes=jax.process_count())
@@ -119,9 +95,6 @@ def _run(distributed: bool, lock: contextlib.ExitStack) -> None:
 if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
     flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events.")
-    flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host off TPU).")
-    flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host off TPU).")
-    flags.DEFINE_integer("process_id", None, "This process's index (multi-host off TPU).")
-    flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (Cloud TPU pods).")
+    multihost.define_flags()  # --distributed, --coordinator_address, ... (bert_jax.distributed)
     flags.mark_flags_as_required(["config", "workdir"])
     cli.run(main)

@@ -52,19 +52,6 @@ def setup(mesh, model_config, seq_len: int, predictions: int):
     return model, tx, schedule, inputs, abstract, shardings
 
 
-def process_rows(mesh) -> slice:
-    """The rows of a global batch that this process's devices hold under the batch sharding."""
-    from bert_jax import sharding
-
-    spans = sharding.batch_sharding(mesh).addressable_devices_indices_map((BATCH_SIZE,))
-    starts = [index[0].start or 0 for index in spans.values()]
-    stops = [BATCH_SIZE if index[0].stop is None else index[0].stop for index in spans.values()]
-    rows = slice(min(starts), max(stops))
-    if rows.stop - rows.start != BATCH_SIZE // jax.process_count():
-        raise ValueError(f"process {jax.process_index()} holds non-contiguous rows {spans}")
-    return rows
-
-
 def run_trajectory(mesh, batches: list[dict[str, np.ndarray]], model_config):
     """Trains one step per global batch from a seed-0 init; returns (losses, state)."""
     from bert_jax import sharding, train
@@ -75,7 +62,7 @@ def run_trajectory(mesh, batches: list[dict[str, np.ndarray]], model_config):
     model, tx, schedule, inputs, _, _ = setup(mesh, model_config, seq_len, predictions)
     state, shardings = sharded_state(model, tx, mesh, inputs, rng=jax.random.key(0))
     step_fn, _ = train.jit_steps(model, tx, schedule, mesh, shardings)
-    rows = process_rows(mesh)
+    rows = sharding.process_rows(mesh, BATCH_SIZE)
     losses = []
     with sharding.activation_context(mesh):
         for batch in batches:
@@ -96,15 +83,13 @@ def load_batches(path: str) -> list[dict[str, np.ndarray]]:
 
 
 def start_processes(flag_values) -> None:
-    """`jax.distributed` over gloo when --num_processes > 1 (before the backend starts)."""
+    """`jax.distributed` over gloo when --num_processes > 1 (before the backend starts), as
+    the entry points' --coordinator_address starts it (`bert_jax.distributed`)."""
     if flag_values.num_processes > 1:
-        # Gloo gives CPU processes cross-process collectives; set before the backend starts.
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            flag_values.coordinator_address,
-            num_processes=flag_values.num_processes,
-            process_id=flag_values.process_id,
-        )
+        from bert_jax import distributed
+
+        distributed.initialize(flag_values.coordinator_address, flag_values.num_processes,
+                               flag_values.process_id)  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
@@ -133,7 +118,7 @@ def main(argv: list[str]) -> None:
     for shape_text in flag_values.mesh_shapes:
         mesh = sharding.create_mesh(tuple(int(s) for s in shape_text.split(",")))
         losses, state = run_trajectory(mesh, batches, model_config)
-        rows = process_rows(mesh)
+        rows = sharding.process_rows(mesh, BATCH_SIZE)
         results[shape_text] = {"losses": losses, "rows": [rows.start, rows.stop]}
     with open(os.path.join(flag_values.output_dir, f"losses_{index}.json"), "w") as f:
         json.dump(results, f)
