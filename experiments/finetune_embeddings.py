@@ -18,6 +18,19 @@ learning rate, norms every `log_every` steps), `metrics.json` (before/after retr
 scores, counts, wall time) and the model in `checkpoint/` with its pooling, which
 `experiments.embed --model=<workdir>` and `bert_jax.convert --format=sentence-transformers`
 read.
+
+Multi-host: every process runs the same command, reads the pairs and puts only its own rows
+of each global batch on its devices; process 0 holds the workdir and writes the log, the
+model and the metrics. On a Cloud TPU pod slice add --distributed on every worker
+(`jax.distributed.initialize()` finds its peers), as docs/tpu.md launches pretraining:
+
+  gcloud compute tpus tpu-vm ssh <tpu> --zone=<zone> --worker=all --command="cd ~/bert_jax && \
+      .venv/bin/python -m experiments.finetune_embeddings --distributed \
+      --config=experiments/configs/embeddings_modernbert_base_tpu.py:pod \
+      --config.train_file=msmarco_triplets.tsv --workdir=runs/embeddings_pod"
+
+Elsewhere give each process --coordinator_address=<process 0's host>:<port>,
+--num_processes and --process_id (CPU processes reduce over gloo).
 """
 
 from __future__ import annotations
@@ -30,9 +43,10 @@ import time
 
 import ml_collections
 import numpy as np
-from absl import flags
+from absl import app, flags
 from ml_collections import config_flags
 
+from bert_jax import distributed
 from data_pipelines import cli
 from experiments import finetune_main
 
@@ -359,18 +373,66 @@ def _fmt(scores: dict[str, float]) -> str:
     return " ".join(f"{k} {v:.4f}" for k, v in scores.items())
 
 
+TOOL = "finetune_embeddings"
+LOGGERS = ("bert_jax", "experiments", __name__)
+
+
 def _run(config, workdir):
-    cli.progress_logging("bert_jax", "experiments", __name__)
+    import jax
+
+    cli.progress_logging(*LOGGERS)
+    if jax.process_index() != 0:  # process 0 says how the run goes; the others only warn
+        for name in LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         run(config, workdir)
     except (ValueError, FileNotFoundError, IsADirectoryError) as error:
         raise SystemExit(f"finetune_embeddings: {error}") from None
 
 
-main = finetune_main.make_main(_run, "finetune_embeddings", saves_model=True)
+_process_zero_main = finetune_main.make_main(_run, TOOL, saves_model=True)
+
+
+def main(argv):
+    """`finetune_main`'s main, after `jax.distributed` starts where the flags ask for a
+    multi-process run (`bert_jax.distributed`): there process 0 alone holds the workdir,
+    sets an earlier run's results aside and records the finished run."""
+    flag_values = flags.FLAGS
+    distributed.check_or_exit(flag_values, TOOL)
+    if not distributed.start(flag_values):
+        return _process_zero_main(argv)
+    import jax
+
+    return (_process_zero_main if jax.process_index() == 0 else _other_process_main)(argv)
+
+
+def _other_process_main(argv):
+    """Every process but 0: the refusals process 0 makes before training (each reads the
+    same workdir and config, so all stop together), then the run."""
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax
+
+    from bert_jax import config_bounds, finetune_common, finetune_workdir
+
+    config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+    try:
+        finetune_workdir.check_not_a_model(config, workdir)
+        finetune_workdir.check_rerun(config, workdir, TOOL)
+    except finetune_workdir.WorkdirError as error:
+        raise SystemExit(f"{TOOL}: {error}") from None
+    config_bounds.check_or_exit(config, "finetune", TOOL, devices=jax.device_count())
+    finetune_common.check_can_save(workdir, TOOL)
+    with finetune_common.stopping_on_signals(TOOL):
+        try:
+            _run(config, workdir)
+        except finetune_main._one_line_errors() as error:
+            raise SystemExit(f"{TOOL}: {error}") from None
+
 
 if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.", lock_config=True)
     flags.DEFINE_string("workdir", None, "Where metrics, logs and the model are written.")
+    distributed.define_flags()  # multi-host: --distributed, or --coordinator_address, ...
     flags.mark_flags_as_required(["config", "workdir"])
     cli.run(main)

@@ -43,6 +43,15 @@ docs/tpu_embeddings.md, "Contrastive fine-tuning".
   .venv/bin/python -m experiments.finetune_embeddings \
       --config=experiments/configs/embeddings_modernbert_base_tpu.py:recipe \
       --config.train_file=msmarco_triplets.tsv --workdir=runs/embeddings_modernbert_base
+
+  # :pod on a v4-128: ModernBERT-base and the triplets on every worker, then the same
+  # command on every worker with --distributed (the 16 hosts find each other through
+  # jax.distributed.initialize(), as docs/tpu.md's pretraining); process 0 writes the
+  # log, the metrics and the model
+  gcloud compute tpus tpu-vm ssh embed --zone=us-central2-b --worker=all \
+      --command="cd ~/bert_jax && .venv/bin/python -m experiments.finetune_embeddings \
+      --distributed --config=experiments/configs/embeddings_modernbert_base_tpu.py:pod \
+      --config.train_file=msmarco_triplets.tsv --workdir=runs/embeddings_pod"
 """
 
 import ml_collections
