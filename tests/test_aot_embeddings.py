@@ -192,10 +192,10 @@ def test_contrastive_pretraining_on_tpu_is_nomics_stage_one_on_its_slice(variant
     hosts = tpu_slice.topology_hosts(topology)
     config_bounds.check(config, "finetune", devices=chips, processes=hosts)
     batch, chunk = config.global_batch_size, config.chunk_size
-    # 16,384 pairs: whole rows for every host and chip, whole chunks of 64 pairs per chip.
+    # 16,384 pairs: whole rows for every host and chip, whole chunks of 16 pairs per chip.
     assert batch == 16_384 and batch % (chips * hosts) == 0
-    assert chunk == 64 * chips and batch % chunk == 0
-    assert batch // chunk == {"pod": 4, "v4_8": 64}[variant]  # the chunk loops' trips
+    assert chunk == 16 * chips and batch % chunk == 0
+    assert batch // chunk == {"pod": 16, "v4_8": 256}[variant]  # the chunk loops' trips
     assert (config.query_max_seq_length, config.max_seq_length) == (64, 256)
     assert config.eval_batch_size % chips == 0
     # The einsum attention: splash tiles are multiples of 128 tokens, a 64-token query is not.
@@ -319,3 +319,32 @@ def test_the_contrastive_step_compiles_for_a_v4_slice_with_its_gather_priced():
                        r"\(alone\) \| [\d.]+ \| ([\d.]+) \|", out)  # fmt: skip
     assert gather and float(gather.group(1)) > 0 and float(gather.group(2)) > 0, out
     assert re.search(r"\| gradient all-reduce \| [\d.e-]+ \(alone\) \|", out), out
+
+
+@needs_libtpu
+@pytest.mark.extended  # ~1 min of TPU compile on 2 cores
+def test_contrastive_pretraining_compiles_pairs_with_short_queries_and_is_recorded(tmp_path):
+    """A tiny ModernBERT at the pretraining TPU config's layout (einsum attention, pairs
+    only, queries at 64 tokens against 128-token passages): it fits, the loops are the two
+    kinds of text's, and `--record` keeps it under the config's name and slice."""
+    from experiments import tpu_records
+
+    record = tmp_path / "figures.json"
+    args = ("--config=experiments/configs/embeddings_contrastive_pretraining_tpu.py:pod",
+            "--config.encoder_preset=modernbert_tiny", "--config.max_seq_length=128",
+            "--config.global_batch_size=32", "--config.chunk_size=16",
+            "--config.eval_batch_size=32", "--topology=v4:2x2x1", "--negatives=0",
+            f"--record={record}")  # fmt: skip
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.aot_compile", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr[-3000:]
+    assert "fits: yes" in out and "texts of 128 tokens, queries of 64" in out, out
+    assert "chunk loops: 2 in the forward pass, 2 in the backward, 2 trips each" in out, out
+    (entry,) = tpu_records.load(str(record)).values()
+    assert entry["id"].startswith("embeddings_contrastive_pretraining_tpu.py:pod ")
+    assert entry["id"].endswith("@v4:2x2x1") and entry["tokens_per_step"] == 32 * (64 + 128)
+    assert entry["optimal_seconds"] > 0 and entry["flops_per_step"] > 0

@@ -7,19 +7,21 @@ it; every other positive of the global batch a negative) at the batch, schedule 
 temperature of stage 1 of nomic-embed as ModernBERT-embed ran it (nomic-ai/contrastors,
 `configs/train/contrastive_pretrain_modernbert.yaml`; Nussbaum et al. 2024, "Nomic Embed"):
 
-- 16,384 pairs a step, embedded in cached chunks (GradCache) of 64 per device, as there
-  (`chunk_size` counts pairs over the whole mesh: 64 x 64 chips = 4,096);
+- 16,384 pairs a step, embedded in cached chunks (GradCache); theirs are 64 per device,
+  here 16 a chip (`chunk_size` counts pairs over the whole mesh: 16 x 64 chips = 1,024):
+  by the compiler the same step time as 64 (0.6% apart) in 8.7 GiB a chip against 23.7,
+  room for an extrapolated estimate's temporaries (docs/tpu_embeddings.md);
 - lr 2e-4 with 700 warmup steps, AdamW with bias correction, weight decay 0.01, gradient
   clipping at 1, mean pooling, bf16 matmuls; the decay after warmup is this project's
   linear one (theirs is cosine);
 - 14,343 steps: nomic's stage-1 budget in pairs, one epoch of its 235M curated pairs at
   16,384 a step (here crops of the corpus: the corpus's size sets how many epochs that is);
 - cosine x 50, temperature 0.02 (their fixed `logit_scale`), not Contriever's 0.05 (x 20,
-  the CPU config's): the batch, lr and warmup above were tuned together at 50, and with
-  16,383 in-batch negatives a query's softmax is dominated by easy ones unless the
-  temperature is sharp; x 20 is Contriever's with 2,048 a batch and a MoCo queue, a
-  combination nobody ran at this batch. The loss is one-way (each query against every
-  passage), as contrastors' stage-1 loss is.
+  the CPU config's): the batch, lr and warmup above ran together at 50, and with 16,383
+  in-batch negatives, most of them easy, a sharper softmax keeps the hard ones weighing;
+  x 20 comes with Contriever's 2,048 a batch, its MoCo queue and lr 5e-5, which this
+  schedule is not. The loss is one-way (each query against every passage), as
+  contrastors' stage-1 loss is.
 
 The encoder is ModernBERT-base: answerdotai/ModernBERT-base (what ModernBERT-embed started
 from), or this project's own pretraining of it (`modernbert_base_tpu.py` on the same
@@ -29,18 +31,17 @@ crops are cut), passages of up to 256 tokens (ModernBERT-embed's stage 1 used 12
 both; 256 is the supervised TPU stage's, `embeddings_modernbert_base_tpu.py`). A batch is
 padded to its longest text rounded up to 16, so the compiled 64 / 256 are the worst case;
 such widths are why the attention is the preset's einsum and not splash (whose tiles are
-multiples of 128 tokens: a 64-token query fails to compile under it); at 256 tokens the
-(T, T) scores of a chunk are small.
-The crop rules are the CPU config's (10-50% crops, 10% token deletion, half the pairs by
-sentence, 8 passages of each document a batch: a document needs 8 passages of 256 tokens,
-about 2,000, to be drawn at all; `--config.passages_per_document=1` draws every passage).
+multiples of 128 tokens: a 64-token query fails to compile under it). The crop rules are
+the CPU config's (10-50% crops, 10% token deletion, half the pairs by sentence, 8 passages
+of each document a batch: a document needs 8 passages of 256 tokens, about 2,000, to be
+drawn at all; `--config.passages_per_document=1` draws every passage).
 
 Variants (one recipe, the same global batch and loss on either slice):
 
 - `:pod`, the default: v4-128 (`v4:4x4x4`, 64 chips, 16 hosts, the slice
-  `modernbert_base_tpu.py` pretrains on): 256 pairs a chip, 4 chunks of 64.
-- `:v4_8`: v4-8 (`v4:2x2x1`, 4 chips, one host): 4,096 pairs a chip, 64 chunks of 64, the
-  same steps with 16 times the work a chip; for a first run on one host (not compiled yet).
+  `modernbert_base_tpu.py` pretrains on): 256 pairs a chip, 16 chunks of 16.
+- `:v4_8`: v4-8 (`v4:2x2x1`, 4 chips, one host): 4,096 pairs a chip, 256 chunks of 16, the
+  same steps with 16 times the work a chip; for a first run on one host.
 
 Every host reads and tokenizes the whole corpus at start (`corpus_files`: one sentence a
 line, a blank line between documents), builds each step's global batch from (seed, step)
@@ -59,7 +60,7 @@ docs/tpu_embeddings.md, "Contrastive pretraining on raw text".
   # on every worker, in ~/bert_jax: the encoder and the corpus, the same files on each
   gcloud compute tpus tpu-vm ssh cpt --zone=us-central2-b --worker=all --command='
       cd bert_jax && gcloud storage cp gs://my-bucket/corpus/wiki_books.txt . &&
-      .venv/bin/huggingface-cli download answerdotai/ModernBERT-base --local-dir ModernBERT-base'
+      huggingface-cli download answerdotai/ModernBERT-base --local-dir ModernBERT-base'
   gcloud compute tpus tpu-vm ssh cpt --zone=us-central2-b --worker=all --command='
       cd bert_jax && nohup .venv/bin/python -m experiments.finetune_embeddings \
       --config=experiments/configs/embeddings_contrastive_pretraining_tpu.py:pod \
@@ -77,7 +78,7 @@ from experiments.configs import embeddings_contrastive_pretraining
 
 PAIRS = 235_000_000  # nomic-embed's stage-1 pairs (one epoch): the budget in pairs seen
 BATCH = 16_384  # pairs a step (contrastors' batch_size)
-CHUNK_PER_DEVICE = 64  # contrastors' chunk_size: the cached mini-batch of each device
+CHUNK_PER_DEVICE = 16  # the cached chunk a chip (contrastors' 64: the same step, 2.7x memory)
 WARMUP_STEPS = 700  # contrastors' warmup_steps
 QUERY_LENGTH, PASSAGE_LENGTH = 64, 256
 # variant: (slice, its chips)
@@ -102,7 +103,7 @@ def get_config(variant: str = "pod") -> ml_collections.ConfigDict:
     config.max_seq_length = PASSAGE_LENGTH  # passages (and the crops' source) at most
     config.query_max_seq_length = QUERY_LENGTH  # a sentence or a crop as a query
     config.global_batch_size = BATCH
-    config.chunk_size = CHUNK_PER_DEVICE * chips  # cached chunks of 64 pairs per chip
+    config.chunk_size = CHUNK_PER_DEVICE * chips  # cached chunks of 16 pairs per chip
     config.num_train_steps = PAIRS // BATCH  # 14,343
     config.learning_rate = 2e-4  # contrastors' stage-1 lr
     config.warmup_proportion = WARMUP_STEPS / config.num_train_steps  # 700 steps
