@@ -232,6 +232,8 @@ def test_contrastive_pretraining_on_tpu_commands_name_what_exists():
         assert compiles and all("--negatives=0" in c and "--proxy_layers=3,6" in c
                                 for c in compiles), compiles  # fmt: skip
     assert "--config.corpus_files=" in pretraining_tpu.__doc__
+    # 16 hosts: each worker's process joins the others (bert_jax.distributed)
+    assert "finetune_embeddings --distributed" in pretraining_tpu.__doc__
     default = cpu.get_config()
     assert (default.global_batch_size, default.max_seq_length, default.scale) == (64, 128, 20.0)
 

@@ -61,15 +61,16 @@ docs/tpu_embeddings.md, "Contrastive pretraining on raw text".
   gcloud compute tpus tpu-vm ssh cpt --zone=us-central2-b --worker=all --command='
       cd bert_jax && gcloud storage cp gs://my-bucket/corpus/wiki_books.txt . &&
       huggingface-cli download answerdotai/ModernBERT-base --local-dir ModernBERT-base'
+  # the same command on every worker, --distributed: the 16 hosts find each other through
+  # jax.distributed.initialize(), as pretraining's do (docs/tpu.md)
   gcloud compute tpus tpu-vm ssh cpt --zone=us-central2-b --worker=all --command='
-      cd bert_jax && nohup .venv/bin/python -m experiments.finetune_embeddings \
+      cd bert_jax && nohup .venv/bin/python -m experiments.finetune_embeddings --distributed \
       --config=experiments/configs/embeddings_contrastive_pretraining_tpu.py:pod \
       --config.corpus_files=wiki_books.txt --workdir=runs/cpt_modernbert > cpt.log 2>&1 &'
 
 Process 0 writes the log, the metrics and the model (`runs/cpt_modernbert/checkpoint`, the
 supervised stage's `--config.init_from`); the resumable saves (`<workdir>/state`, every 500
-steps and at SIGTERM) are Orbax's, which a resume on 16 hosts reads from each host's
-`--workdir`: not tried on a real slice.
+steps and at SIGTERM) have not been tried on a real slice.
 """
 
 import ml_collections
