@@ -64,6 +64,7 @@ DECAY_SHAPES = ("linear", "1-sqrt")  # optim.DECAY_SHAPES: "wsd"'s anneal
 STATE_DTYPES = ("float32", "bfloat16")  # optimizer.mu_dtype, grad_reduce_dtype
 # The rule of the batch axis where `sharding_rules` gives none (bert_jax.sharding.DEFAULT_RULES).
 DEFAULT_BATCH_AXES = ("data", "fsdp")
+SPLASH_TILE = 128  # splash attention's tiles are multiples of this many tokens (splash.LANES)
 
 
 def _choices(names) -> str:
@@ -515,6 +516,7 @@ def _finetune_rules(values, devices, processes) -> Iterator[str]:
         queries = values.get("query_max_seq_length")
         if queries and seq is not None and queries > seq:
             yield f"--config.query_max_seq_length={queries} > --config.max_seq_length={seq}"
+        yield from splash_widths(values, values.get("model_overrides.attention_implementation"))
         dims = values.get("matryoshka_dims")
         with contextlib.suppress(ValueError, TypeError):  # not ints: its range says so
             if dims and len(set(int_list(dims))) != len(int_list(dims)):
@@ -528,6 +530,15 @@ def _finetune_rules(values, devices, processes) -> Iterator[str]:
     if devices is not None:
         batch_keys = ("train_batch_size", "eval_batch_size", "global_batch_size")
         yield from _data_parallel(values, devices, tuple(k for k in batch_keys if k in values))
+
+
+def splash_widths(values, attention: str | None) -> Iterator[str]:
+    """Under splash attention, a text length key (the widest a contrastive batch is padded
+    to) that is not a multiple of the kernel's 128-token tiles."""
+    for key in ("max_seq_length", "query_max_seq_length"):
+        if attention == "splash" and (values.get(key) or 0) % SPLASH_TILE:
+            yield (f"--config.{key}={values[key]} under attention_implementation='splash': "
+                   f"a multiple of {SPLASH_TILE} (splash's tiles)")  # fmt: skip
 
 
 def int_list(value) -> tuple[int, ...]:

@@ -153,6 +153,26 @@ def make_train_step(
     return ContrastiveStep(state, shardings, step, batch, rng, tx, schedule)
 
 
+PAD_MULTIPLE = 16  # a batch's texts are padded to their longest rounded up to this ...
+
+
+def width_multiple(config: ml_collections.ConfigDict, encoder: BertConfig) -> int:
+    """... or to 128 under splash attention (`config_bounds.SPLASH_TILE`: its tiles are
+    multiples of 128 tokens; a width of 64 does not compile): the multiple a batch's token
+    widths are rounded up to (`data_pipelines.crop_pairs.padded_width`), at most the
+    configured lengths.
+
+    Raises:
+        ConfigError: under splash (the checkpoint's choice where `model_overrides` makes
+            none), `max_seq_length` or `query_max_seq_length` not a multiple of 128.
+    """
+    from bert_jax.config_bounds import SPLASH_TILE, splash_widths
+
+    for problem in splash_widths(config, encoder.attention_implementation):
+        raise ConfigError(problem)
+    return SPLASH_TILE if encoder.attention_implementation == "splash" else PAD_MULTIPLE
+
+
 def encoder_config(config: ml_collections.ConfigDict) -> BertConfig:
     """The encoder `config.encoder_preset` names with the config's `model_overrides`: what
     the ahead-of-time compile builds where `init_from` is not on the machine."""

@@ -27,6 +27,11 @@ then has k - 1 negatives from its own document, on its own topic, which only fin
 (SQuAD: 43 a dev article) asks for exactly that. Every random draw of a batch comes from
 (seed, step, ...), so a batch is a function of the step alone: a run resumed at step s
 reads what the uninterrupted run read, on any number of hosts.
+
+Each host makes only its own rows (`PairStream.batch(step, rows)`): which passages a batch
+holds is drawn for the whole batch (cheap), the pair of row r from (seed, step, r) alone, and
+the batch's width from the longest text its passages can give (`PairStream.longest`), so
+the hosts' rows, put end to end, are the one-host batch bit for bit.
 """
 
 from __future__ import annotations
@@ -165,6 +170,13 @@ def make_pair(
     return _crop(rng, pieces, rules), _crop(rng, pieces, rules), "crop"
 
 
+def padded_width(longest: int, max_length: int, multiple: int) -> int:
+    """A batch's token width: its longest text rounded up to `multiple` (16; splash
+    attention's tiles need 128: `bert_jax.embeddings_train.width_multiple`), at most
+    `max_length`."""
+    return min(max_length, -(-max(longest, 1) // multiple) * multiple)
+
+
 class PairStream:
     """The contrastive batches of a corpus, a pure function of the step (module docstring).
 
@@ -176,11 +188,13 @@ class PairStream:
         query_length / passage_length: the longest query / positive in tokens, special
             tokens included; longer ones are cut.
         seed: the data order's and the draws' seed.
+        multiple: a batch's widths are rounded up to a multiple of this (`padded_width`).
     """
 
     def __init__(
         self, passages: Passages, tokenizer, rules: PairRules, batch_size: int,
         query_length: int, passage_length: int, seed: int, source: str = "corpus",
+        multiple: int = 16,
     ):  # fmt: skip
         rules.check()
         k = rules.passages_per_document
@@ -196,19 +210,40 @@ class PairStream:
         by_document: dict[int, list[int]] = {}
         for i, d in enumerate(passages.documents):
             by_document.setdefault(d, []).append(i)
-        # The documents a batch can draw k passages from.
+        # The documents a batch can draw k passages from (k = 1 draws passages, not these).
         self.groups = [np.asarray(ids) for ids in by_document.values() if len(ids) >= k]
-        if len(self.groups) < batch_size // k:
+        if k > 1 and len(self.groups) < batch_size // k:
             raise ValueError(
                 f"{source}: {len(self.groups)} documents hold {k}+ passages, fewer than the "
                 f"{batch_size // k} a batch of {batch_size} needs at "
                 f"--config.passages_per_document={k}"
             )
         self.passages, self.tokenizer, self.rules = passages, tokenizer, rules
-        self.batch_size, self.seed = batch_size, seed
+        self.batch_size, self.seed, self.multiple = batch_size, seed, multiple
         self.lengths = {"query": query_length, "positive": passage_length}
         units = len(passages) if k == 1 else len(self.groups)
         self.per_epoch = units // (batch_size // k)
+        self.longest = self._longest()
+        self._order: tuple[int, np.ndarray] | None = None  # the last epoch's permutation
+
+    def _longest(self) -> dict[str, np.ndarray]:
+        """The longest query and positive (tokens, special ones included, cut at their
+        lengths) each passage can give under the rules: a batch's widths are rounded up from
+        its passages' (`batch`), which every host knows without making the others' pairs."""
+        rules, special = self.rules, self.tokenizer.num_special_tokens(False)
+        longest: dict[str, list[int]] = {"query": [], "positive": []}
+        for sentences in self.passages.sentences:
+            sizes = [len(s) for s in sentences]
+            n = sum(sizes)
+            # A crop keeps round(ratio x n) pieces, ratio < crop_max_ratio (+1: float slack).
+            query = positive = min(n, int(rules.crop_max_ratio * n + 0.5) + 1)
+            if len(sizes) >= 2 and rules.sentence_fraction > 0:
+                query = max(query, max(sizes))  # one sentence
+                positive = max(positive, n if rules.keep_sentence > 0 else n - min(sizes))
+            longest["query"].append(query)
+            longest["positive"].append(positive)
+        return {kind: np.minimum(np.asarray(sizes, np.int64) + special, self.lengths[kind])
+                for kind, sizes in longest.items()}  # fmt: skip
 
     def passage_ids(self, step: int) -> np.ndarray:
         """The passages of step `step` (0-based): epoch e's permutation (from (seed, e)) of
@@ -216,32 +251,36 @@ class PairStream:
         k = self.rules.passages_per_document
         per_batch = self.batch_size // k
         epoch, index = divmod(step, self.per_epoch)
-        units = len(self.passages) if k == 1 else len(self.groups)
-        order = np.random.default_rng([self.seed, epoch]).permutation(units)
-        chosen = order[index * per_batch : (index + 1) * per_batch]
+        if self._order is None or self._order[0] != epoch:
+            units = len(self.passages) if k == 1 else len(self.groups)
+            self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(units))
+        chosen = self._order[1][index * per_batch : (index + 1) * per_batch]
         if k == 1:
             return chosen
         rng = np.random.default_rng([self.seed, step, 11])
         return np.concatenate([rng.choice(self.groups[g], k, replace=False) for g in chosen])
 
-    def batch(self, step: int) -> dict[str, np.ndarray]:
-        """The global batch of `step`: (B, T) tokens and masks of queries and positives, each
-        kind padded to its longest in the batch rounded up to 16, and `positive_ids` (the
-        passages: pairs of one passage are not each other's negatives)."""
+    def batch(self, step: int, rows: slice = slice(None)) -> dict[str, np.ndarray]:
+        """Rows `rows` (this host's: `bert_jax.sharding.process_rows`; all by default) of
+        the global batch of `step`: (B, T) tokens and masks of queries and positives, each
+        kind padded to the longest its batch's passages can give (`longest`) rounded up to
+        `multiple`, and `positive_ids` (the passages: pairs of one passage are not each
+        other's negatives). Only these rows' pairs are made; any split of the rows over
+        hosts gives, end to end, the whole batch."""
         ids = self.passage_ids(step)
-        texts: dict[str, list[list[int]]] = {"query": [], "positive": []}
-        for row, passage in enumerate(ids):
+        mine = range(len(ids))[rows]  # the global row numbers: each row's draws
+        out: dict[str, np.ndarray] = {"positive_ids": ids[rows].astype(np.int32)}
+        room = {}
+        for kind, length in self.lengths.items():
+            width = padded_width(int(self.longest[kind][ids].max()), length, self.multiple)
+            out[f"{kind}_tokens"] = np.full((len(mine), width), self.tokenizer.pad_id, np.int32)
+            out[f"{kind}_mask"] = np.zeros((len(mine), width), np.int32)
+            room[kind] = length - self.tokenizer.num_special_tokens(False)
+        for i, row in enumerate(mine):
             rng = np.random.default_rng([self.seed, step, row, 7])
-            query, positive, _ = make_pair(rng, self.passages.sentences[passage], self.rules)
+            query, positive, _ = make_pair(rng, self.passages.sentences[ids[row]], self.rules)
             for kind, pieces in (("query", query), ("positive", positive)):
-                room = self.lengths[kind] - self.tokenizer.num_special_tokens(False)
-                texts[kind].append(self.tokenizer.with_special_tokens(list(pieces[:room]))[0])
-        out = {"positive_ids": ids.astype(np.int32)}
-        for kind, rows in texts.items():
-            width = min(self.lengths[kind], -(-max(map(len, rows)) // 16) * 16)
-            tokens = np.full((len(rows), width), self.tokenizer.pad_id, np.int32)
-            mask = np.zeros_like(tokens)
-            for i, row in enumerate(rows):
-                tokens[i, : len(row)], mask[i, : len(row)] = row, 1
-            out[f"{kind}_tokens"], out[f"{kind}_mask"] = tokens, mask
+                tokens = self.tokenizer.with_special_tokens(pieces[: room[kind]].tolist())[0]
+                out[f"{kind}_tokens"][i, : len(tokens)] = tokens
+                out[f"{kind}_mask"][i, : len(tokens)] = 1
         return out

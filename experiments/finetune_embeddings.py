@@ -94,19 +94,35 @@ def batch_indices(num_pairs: int, batch_size: int, seed: int, step: int) -> np.n
     return order[index * batch_size : (index + 1) * batch_size]
 
 
-def cut_to_longest(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Rows `rows` of every array, the token axis of queries, positives and negatives each
-    cut to its own longest text in the batch rounded up to 16 (padding is masked: the
-    embeddings are those of the full length; short questions are not run at a passage's
-    length)."""
-    out = {"positive_ids": arrays["positive_ids"][rows]}
+def text_lengths(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each pair's query, positive and longest negative in tokens (`tokenize_pairs`' masks)."""
+    lengths = {}
     for kind in TOKEN_KEYS:
-        if f"{kind}_mask" not in arrays:
-            continue
-        mask = arrays[f"{kind}_mask"][rows]
-        length = min(mask.shape[-1], -(-max(int(mask.sum(-1).max()), 1) // 16) * 16)
+        if f"{kind}_mask" in arrays:
+            counts = arrays[f"{kind}_mask"].sum(-1)
+            lengths[kind] = counts.max(-1) if counts.ndim > 1 else counts
+    return lengths
+
+
+def cut_to_longest(
+    arrays: dict[str, np.ndarray], rows: np.ndarray, mine: slice = slice(None),
+    multiple: int = 16, lengths: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """Rows `rows[mine]` (this host's share of the batch `rows`) of every array, the token
+    axis of queries, positives and negatives each cut to its own longest text in the batch
+    `rows` rounded up to `multiple` (`crop_pairs.padded_width`; padding is masked: the
+    embeddings are those of the full length; short questions are not run at a passage's
+    length). `lengths`: `text_lengths(arrays)`, kept by the caller for every step."""
+    from data_pipelines.crop_pairs import padded_width
+
+    lengths = lengths if lengths is not None else text_lengths(arrays)
+    local = rows[mine]
+    out = {"positive_ids": arrays["positive_ids"][local]}
+    for kind, counts in lengths.items():
+        tokens = arrays[f"{kind}_tokens"]
+        width = padded_width(int(counts[rows].max()), tokens.shape[-1], multiple)
         for key in (f"{kind}_tokens", f"{kind}_mask"):
-            out[key] = arrays[key][rows][..., :length]
+            out[key] = arrays[key][local][..., :width]
     return out
 
 
@@ -132,7 +148,7 @@ def retrieval_scores(model, dev, batch_size: int, mesh=None) -> dict[str, float]
 class PairsFile:
     """The batches of a pairs TSV: step s's rows from (seed, epoch)'s permutation."""
 
-    def __init__(self, config, tokenizer):
+    def __init__(self, config, tokenizer, multiple: int = 16):
         from data_pipelines.tasks.pairs import read_pairs
 
         self.pairs = read_pairs(config.train_file)
@@ -142,14 +158,16 @@ class PairsFile:
         self.negatives = len(self.pairs.negatives[0])
         self.arrays = tokenize_pairs(tokenizer, self.pairs, config.max_seq_length,
                                      config.get("query_max_seq_length", 0))  # fmt: skip
-        self.batch_size, self.seed = config.global_batch_size, config.seed
+        self.lengths = text_lengths(self.arrays)
+        self.batch_size, self.seed, self.multiple = config.global_batch_size, config.seed, multiple
         self.counts = {"train_pairs": len(self.pairs)}
         self.describe = (f"{len(self.pairs)} pairs ({self.negatives} hard negatives each) "
                          f"from {config.train_file}")  # fmt: skip
 
-    def batch(self, step: int) -> dict[str, np.ndarray]:
-        rows = batch_indices(len(self.pairs), self.batch_size, self.seed, step)
-        return cut_to_longest(self.arrays, rows)
+    def batch(self, step: int, rows: slice = slice(None)) -> dict[str, np.ndarray]:
+        """Rows `rows` (this host's) of step `step`'s batch, cut to the batch's longest."""
+        pairs = batch_indices(len(self.pairs), self.batch_size, self.seed, step)
+        return cut_to_longest(self.arrays, pairs, rows, self.multiple, self.lengths)
 
 
 class CorpusPairs:
@@ -158,7 +176,7 @@ class CorpusPairs:
 
     negatives = 0
 
-    def __init__(self, config, tokenizer):
+    def __init__(self, config, tokenizer, multiple: int = 16):
         from data_pipelines import crop_pairs
 
         files = [f.strip() for f in config.corpus_files.split(",") if f.strip()]
@@ -173,30 +191,28 @@ class CorpusPairs:
         )  # fmt: skip
         self.stream = crop_pairs.PairStream(
             passages, tokenizer, rules, config.global_batch_size, query, config.max_seq_length,
-            config.seed, source=f"--config.corpus_files={config.corpus_files}",
+            config.seed, source=f"--config.corpus_files={config.corpus_files}", multiple=multiple,
         )  # fmt: skip
         self.counts = {"train_passages": len(passages), "train_documents": len(documents)}
         self.describe = (f"{len(passages)} passages of {len(documents)} documents in "
                          f"{', '.join(files)} (crops, sentence -> passage)")  # fmt: skip
 
-    def batch(self, step: int) -> dict[str, np.ndarray]:
-        return self.stream.batch(step)
+    def batch(self, step: int, rows: slice = slice(None)) -> dict[str, np.ndarray]:
+        """Rows `rows` (this host's) of step `step`'s batch: only those pairs are made."""
+        return self.stream.batch(step, rows)
 
 
-def pair_source(config, tokenizer):
-    """The config's training pairs: a pairs file, or pairs made from raw text."""
+def pair_source(config, tokenizer, multiple: int = 16):
+    """The config's training pairs: a pairs file, or pairs made from raw text; each batch's
+    widths rounded up to `multiple` (`embeddings_train.width_multiple`)."""
     if bool(config.get("corpus_files")) == bool(config.train_file):
         raise ValueError("give --config.train_file (a pairs TSV) or --config.corpus_files (raw "
                          "text, one sentence a line), one of the two")  # fmt: skip
     return (
-        CorpusPairs(config, tokenizer)
+        CorpusPairs(config, tokenizer, multiple)
         if config.get("corpus_files")
-        else PairsFile(config, tokenizer)
+        else PairsFile(config, tokenizer, multiple)
     )
-
-
-def local_batch(batch: dict[str, np.ndarray], rows: slice) -> dict[str, np.ndarray]:
-    return {k: v[rows] for k, v in batch.items()}
 
 
 def resume_state(config, workdir: str, state, shardings):
@@ -241,7 +257,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if config.max_seq_length > bert.max_position_embeddings:
         raise ValueError(f"--config.max_seq_length={config.max_seq_length} > the encoder's "
                          f"max_position_embeddings={bert.max_position_embeddings}")  # fmt: skip
-    source = pair_source(config, task.tokenizer)
+    # Batches are padded to their longest text rounded up to 16, 128 under splash attention.
+    source = pair_source(config, task.tokenizer, embeddings_train.width_multiple(config, bert))
     log.info("%s; %s pooling, batch %d%s", source.describe, config.pooling,
              config.global_batch_size,
              f" in chunks of {config.chunk_size}" if config.chunk_size else "")  # fmt: skip
@@ -294,7 +311,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                         disable=jax.process_index() != 0)  # fmt: skip
         window_start = time.time()
         for step in range(first, num_steps):
-            batch = sharding.global_batch(local_batch(source.batch(step), rows), mesh)
+            batch = sharding.global_batch(source.batch(step, rows), mesh)  # our rows only
             state, step_metrics = step_fn(state, batch, dropout_rng)
             history.append(step_metrics)
             # The bar counts steps whose results are on the host: one step stays in flight.

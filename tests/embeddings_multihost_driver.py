@@ -24,12 +24,12 @@ def _sigterm_at(at: int) -> None:
 
     real = crop_pairs.PairStream.batch
 
-    def batch(self, step):
+    def batch(self, step, *rows):
         if step == at:
             os.kill(os.getpid(), signal.SIGTERM)
         if step == at + 1:
             time.sleep(3)
-        return real(self, step)
+        return real(self, step, *rows)
 
     crop_pairs.PairStream.batch = batch
 

@@ -240,10 +240,10 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_to_the_same_model(uninterrup
     config = _config(root, 6)
     real = finetune_embeddings.CorpusPairs.batch
 
-    def batch_then_term(self, step):
+    def batch_then_term(self, step, *rows):
         if step == 2:
             os.kill(os.getpid(), signal.SIGTERM)  # noted; the step finishes, then it saves
-        return real(self, step)
+        return real(self, step, *rows)
 
     monkeypatch.setattr(finetune_embeddings.CorpusPairs, "batch", batch_then_term)
     from bert_jax.finetune_common import Stopped
