@@ -158,19 +158,27 @@ PAD_MULTIPLE = 16  # a batch's texts are padded to their longest rounded up to t
 
 def width_multiple(config: ml_collections.ConfigDict, encoder: BertConfig) -> int:
     """... or to 128 under splash attention (`config_bounds.SPLASH_TILE`: its tiles are
-    multiples of 128 tokens; a width of 64 does not compile): the multiple a batch's token
-    widths are rounded up to (`data_pipelines.crop_pairs.padded_width`), at most the
-    configured lengths.
+    multiples of 128 tokens; a width of 64 does not compile), and to a multiple of each
+    splash tile shorter than `max_seq_length` (a width of 384 does not divide into tiles of
+    256): the multiple a batch's token widths are rounded up to
+    (`data_pipelines.crop_pairs.padded_width`), at most the configured lengths.
 
     Raises:
         ConfigError: under splash (the checkpoint's choice where `model_overrides` makes
             none), `max_seq_length` or `query_max_seq_length` not a multiple of 128.
     """
+    import math
+
     from bert_jax.config_bounds import SPLASH_TILE, splash_widths
 
     for problem in splash_widths(config, encoder.attention_implementation):
         raise ConfigError(problem)
-    return SPLASH_TILE if encoder.attention_implementation == "splash" else PAD_MULTIPLE
+    if encoder.attention_implementation != "splash":
+        return PAD_MULTIPLE
+    tiles = [encoder.splash_block_q, encoder.splash_block_kv]
+    if encoder.local_attention_window:  # local layers take their own tile
+        tiles.append(encoder.splash_local_block)
+    return math.lcm(SPLASH_TILE, *(t for t in tiles if t < config.max_seq_length))
 
 
 def encoder_config(config: ml_collections.ConfigDict) -> BertConfig:

@@ -6,6 +6,7 @@ lengths must allow."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 os.environ.setdefault("USE_TF", "0")
@@ -130,6 +131,18 @@ def test_widths_are_multiples_of_128_under_splash_and_16_otherwise(attention, mu
         width = crop_pairs.padded_width(longest, 512, multiple)
         assert width % multiple == 0 and min(longest, 512) <= width <= 512
         assert width - longest < multiple or width == 512
+
+
+def test_splash_widths_divide_into_the_tiles_shorter_than_the_texts():
+    """A width above a splash tile must be a multiple of it: 384 tokens do not divide into
+    the local layers' tiles of 256, so a 512-token run pads to 256 or 512."""
+    modern = BertConfig.from_preset("modernbert_base", attention_implementation="splash")
+    assert modern.local_attention_window and modern.splash_local_block == 256
+    global_only = dataclasses.replace(modern, local_attention_window=0)  # tiles of 1,024
+    for seq, multiple, without_local in ((256, 128, 128), (512, 256, 128), (2048, 1024, 1024)):
+        config = ml_collections.ConfigDict({"max_seq_length": seq, "query_max_seq_length": 128})
+        assert embeddings_train.width_multiple(config, modern) == multiple
+        assert embeddings_train.width_multiple(config, global_only) == without_local
 
 
 def test_splash_refuses_lengths_its_tiles_do_not_divide(tokenizer, documents):
