@@ -29,12 +29,15 @@ v4-128, its phase-2 workdir copied to each host: `--config.init_from=<that workd
 Texts: queries cut at 64 tokens (a sentence, or a crop of 10-50% of a passage: the longer
 crops are cut), passages of up to 256 tokens (ModernBERT-embed's stage 1 used 128 for
 both; 256 is the supervised TPU stage's, `embeddings_modernbert_base_tpu.py`). A batch is
-padded to its longest text rounded up to 16, so the compiled 64 / 256 are the worst case;
-such widths are why the attention is the preset's einsum and not splash (whose tiles are
-multiples of 128 tokens: a 64-token query fails to compile under it). The crop rules are
-the CPU config's (10-50% crops, 10% token deletion, half the pairs by sentence, 8 passages
-of each document a batch: a document needs 8 passages of 256 tokens, about 2,000, to be
-drawn at all; `--config.passages_per_document=1` draws every passage).
+padded to the longest text its passages can give, rounded up to 16 (to 128 under splash),
+so the compiled 64 / 256 are the worst case. The attention is the preset's einsum: splash
+refuses a 64-token query (its tiles are multiples of 128; `config_bounds.splash_widths`);
+with `--config.query_max_seq_length=128 --config.model_overrides.attention_implementation=
+splash` it compiles at a lower estimate (docs/tpu_embeddings.md), not recorded here. The
+crop rules are the CPU config's (10-50% crops, 10% token deletion, 80% of the pairs by
+sentence, 16 passages of each document a batch: a document needs 16 passages of 256
+tokens, about 4,000, to be drawn at all; `--config.passages_per_document=1` draws every
+passage).
 
 Variants (one recipe, the same global batch and loss on either slice):
 
@@ -99,7 +102,7 @@ def get_config(variant: str = "pod") -> ml_collections.ConfigDict:
     config.do_lower_case = False  # ModernBERT's BPE is cased
     config.model_overrides.dtype = "bfloat16"  # bf16 matmuls, f32 weights
     # The preset's einsum attention, not splash: splash's tiles are multiples of 128 tokens,
-    # and a query of 64, or a batch padded to its longest rounded up to 16, is not.
+    # and a query of 64 is not (refused under splash by config_bounds.splash_widths).
     config.model_overrides.attention_implementation = "einsum"
     config.max_seq_length = PASSAGE_LENGTH  # passages (and the crops' source) at most
     config.query_max_seq_length = QUERY_LENGTH  # a sentence or a crop as a query
