@@ -242,6 +242,7 @@ FINETUNE: dict[str, Bound] = {
     "sentence_fraction": Prob("pairs made by sentence -> the rest of its passage"),
     "keep_sentence": Prob("that sentence left in its positive"),
     "passages_per_document": Int("passages of one document in a batch", 1),
+    "mlm_weight": Float("+ this x the masked positives' MLM loss", 0, zero="contrastive alone"),
     "query_max_seq_length": Int("query pieces kept", 0, zero="max_seq_length"),
     "checkpoint_every": Int("steps between resumable saves", 0, zero="at the end only"),
     "keep_tail": Int("a long text's last pieces kept", 0, zero="the head only"),

@@ -17,6 +17,13 @@ of `max_seq_length` token slots through the encoder (a query `query_max_seq_leng
 set); forward + backward is 3 forward passes (6 x matmul params x tokens, plus attention),
 and the cached chunks (GradCache) run the forward a second time in the backward pass: 4
 forward passes of hardware work.
+
+With `mlm_weight` > 0 (coCondenser's way, Gao & Callan 2022) the loss is contrastive +
+mlm_weight x the masked-LM loss of the positives masked BERT's way (`MLM_KEYS`), through a
+forward of their own of the same encoder and pretraining's MLM head (`heads.MaskedLMHead`,
+`losses.weighted_cross_entropy`), the head trained beside the encoder (the state holds
+`mlm_module`'s params) and left out of the saved embedding model. That forward runs the
+whole batch at once (no cached chunks) and is not in `flops_per_step`.
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ from bert_jax.train_state import TrainState, make_step, sharded_state, state_sha
 PAIR_KEYS = ("query_tokens", "query_mask", "positive_tokens", "positive_mask")
 NEGATIVE_KEYS = ("negative_tokens", "negative_mask")
 POSITIVE_IDS = "positive_ids"
+# With `mlm_weight` > 0 (`data_pipelines.crop_pairs.masked_lm_rows`): the positives masked
+# BERT's way, (B, T), and their (B, P) predictions (P: `mlm_predictions`).
+MLM_KEYS = ("mlm_tokens", "mlm_positions", "mlm_ids", "mlm_weights")
 
 
 class ContrastiveStep(NamedTuple):
@@ -76,7 +86,57 @@ def batch_spec(
     if negatives:
         shapes |= dict.fromkeys(NEGATIVE_KEYS, (b, negatives, t))
     shapes[POSITIVE_IDS] = (b,)
-    return {k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=data) for k, s in shapes.items()}
+    if p := mlm_predictions(config):
+        shapes |= {"mlm_tokens": (b, t)} | dict.fromkeys(MLM_KEYS[1:], (b, p))
+    return {k: jax.ShapeDtypeStruct(s, jnp.float32 if k == "mlm_weights" else jnp.int32,
+                                    sharding=data) for k, s in shapes.items()}  # fmt: skip
+
+
+def mlm_weight(config: ml_collections.ConfigDict) -> float:
+    """The masked-LM term's weight in the loss (`mlm_weight`; 0: contrastive alone)."""
+    weight = float(config.get("mlm_weight", 0.0) or 0.0)
+    if weight < 0:
+        raise ConfigError(f"--config.mlm_weight={weight}: a weight >= 0 (0: no masked LM)")
+    return weight
+
+
+def mlm_predictions(config: ml_collections.ConfigDict) -> int:
+    """P, the masked positions a passage has room for (pretraining's
+    `max_predictions_per_seq` of `max_seq_length` at 15%); 0 without the masked-LM term."""
+    from data_pipelines.recipe import predictions_per_seq
+
+    return predictions_per_seq(config.max_seq_length) if mlm_weight(config) else 0
+
+
+def mlm_module(module: embeddings.BertForEmbedding):
+    """The pretraining model (encoder `bert`, MLM head `mlm`, no NSP) whose params are the
+    embedding model's plus the head: what the joint loss trains and the train state holds."""
+    from bert_jax.heads import BertForPreTraining
+
+    return BertForPreTraining(module.config, next_sentence=False)
+
+
+def pretrained_mlm_head(config: ml_collections.ConfigDict, bert: BertConfig):
+    """`init_from`'s MLM head where it has one (a pretraining checkpoint), else None."""
+    from bert_jax import convert
+
+    if config.get("from_scratch") or not config.get("init_from"):
+        return None
+    source = convert.open_source(config.init_from, config.get("bert_config_file") or None)
+    _, params, _ = convert.load_source(source, bert, model="auto")
+    return params.get("mlm") if isinstance(params, dict) else None
+
+
+def mlm_head_params(config: ml_collections.ConfigDict, bert: BertConfig):
+    """A fresh MLM head as pretraining initialises it (`heads.MaskedLMHead`), from `seed`."""
+    import flax.linen as nn
+
+    from bert_jax.heads import MaskedLMHead
+
+    states = jnp.zeros((1, 1, bert.hidden_size), bert.dtype)
+    table = jnp.zeros((bert.vocab_size, bert.embedding_width), bert.dtype)
+    key = jax.random.fold_in(jax.random.key(config.seed), 0x4D4C4D)  # "MLM"
+    return nn.unbox(jax.jit(MaskedLMHead(bert).init)(key, states, table)["params"])
 
 
 def loss_fn(config: ml_collections.ConfigDict, module: embeddings.BertForEmbedding, mesh):
@@ -96,7 +156,30 @@ def loss_fn(config: ml_collections.ConfigDict, module: embeddings.BertForEmbeddi
             chunk_size=config.chunk_size, dims=dims, mesh=mesh,
         )  # fmt: skip
 
-    return loss
+    weight = mlm_weight(config)
+    if not weight:
+        return loss
+    from bert_jax.losses import weighted_cross_entropy
+
+    pretrainer = mlm_module(module)
+
+    def joint(p, batch, rng):
+        """contrastive + weight x MLM of the masked positives (a forward of their own)."""
+        contrastive, metrics = loss({"bert": p["bert"]}, batch, rng)
+        out = pretrainer.apply(
+            {"params": p}, batch["mlm_tokens"], batch["positive_mask"],
+            jnp.zeros_like(batch["mlm_tokens"]), batch["mlm_positions"], deterministic=False,
+            rngs={"dropout": jax.random.fold_in(rng, 1)},
+        )  # fmt: skip
+        # One weighted mean over every masked token of the global batch (the arrays are the
+        # global batch's under jit, however split): one process's loss equals two's.
+        mlm, accuracy = weighted_cross_entropy(out.mlm_logits, batch["mlm_ids"],
+                                               batch["mlm_weights"])  # fmt: skip
+        total = contrastive + weight * mlm
+        return total, {**metrics, "loss": total, "contrastive_loss": contrastive,
+                       "mlm_loss": mlm, "mlm_accuracy": accuracy}  # fmt: skip
+
+    return joint
 
 
 def matryoshka_dims(config: ml_collections.ConfigDict, hidden_size: int) -> tuple[int, ...]:
@@ -131,16 +214,23 @@ def make_train_step(
     Args:
         negatives: hard negatives per pair in the batches (0: in-batch negatives only).
         params: the params to start from (copied, never donated); None: `state` is abstract.
+            With `mlm_weight` > 0 the state holds them and an MLM head `mlm` (`mlm_module`):
+            theirs where they have one, else a fresh one (`mlm_head_params`).
     """
     from bert_jax.finetune_common import replicated, run_keys
 
     tx, schedule = optimizer(config)
     sample = [jnp.zeros((1, config.max_seq_length), jnp.int32)] * 3
+    holder = module  # the module whose params the state holds
+    if mlm_weight(config):  # the MLM head trains beside the encoder
+        holder, sample = mlm_module(module), [*sample, jnp.zeros((1, 1), jnp.int32)]
+        if params is not None and "mlm" not in params:
+            params = {**params, "mlm": mlm_head_params(config, module.config)}
     if params is None:
-        abstract, shardings = state_shardings(module, tx, mesh, sample)
+        abstract, shardings = state_shardings(holder, tx, mesh, sample)
         state = checkpointing.abstract_like(abstract, shardings)
     else:
-        state, shardings = sharded_state(module, tx, mesh, sample, params=params)
+        state, shardings = sharded_state(holder, tx, mesh, sample, params=params)
     batch = batch_spec(config, mesh, negatives)
     step = jax.jit(
         make_step(loss_fn(config, module, mesh), tx, schedule),

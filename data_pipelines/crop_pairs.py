@@ -32,6 +32,10 @@ Each host makes only its own rows (`PairStream.batch(step, rows)`): which passag
 holds is drawn for the whole batch (cheap), the pair of row r from (seed, step, r) alone, and
 the batch's width from the longest text its passages can give (`PairStream.longest`), so
 the hosts' rows, put end to end, are the one-host batch bit for bit.
+
+With `mlm_predictions` (the loss's masked-LM term, `mlm_weight`) each positive is also
+masked BERT's way (`masked_lm_rows`: pretraining's rules and draws, `numpy_masking`), row r
+from (seed, step, r) alone, as its pair.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from data_pipelines import numpy_masking
 from data_pipelines.tasks.formats import TaskDataError
 
 # A passage shorter than this many pieces is dropped: its 10% crops would be one piece.
@@ -170,6 +175,32 @@ def make_pair(
     return _crop(rng, pieces, rules), _crop(rng, pieces, rules), "crop"
 
 
+def masked_lm_rows(
+    tokens: np.ndarray, mask: np.ndarray, rows: Sequence[int], tokenizer, *, seed: int,
+    step: int, predictions: int,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """The (n, T) texts `tokens` (`mask` 1 on real tokens) of global rows `rows` masked as
+    pretraining masks (`numpy_masking.mask_batch`: 15% of a row's tokens chosen, [CLS] and
+    [SEP] never, 80% [MASK] / 10% a random real token / 10% kept), row r's draws from
+    (seed, step, r) alone: `mlm_tokens` (n, T), `mlm_positions`, `mlm_ids` (n, P) and
+    `mlm_weights` (n, P) float32, P = `predictions`."""
+    keys = ("input_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+    out: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+    lengths = np.asarray(mask).sum(-1)
+    for i, row in enumerate(rows):
+        masked = numpy_masking.mask_batch(
+            tokens[i : i + 1], None, [tokenizer.cls_id, tokenizer.sep_id], lengths[i : i + 1],
+            numpy_masking.masking_rng(seed, step, row), vocab_size=tokenizer.vocab_size,
+            mask_id=tokenizer.mask_id, max_predictions_per_seq=predictions,
+            replacement_ids=tokenizer.replacement_ids,
+        )  # fmt: skip
+        for k in keys:
+            out[k].append(masked[k])
+    names = dict(zip(keys, ("mlm_tokens", "mlm_positions", "mlm_ids", "mlm_weights"), strict=True))
+    dtypes = dict.fromkeys(keys, np.int32) | {"masked_lm_weights": np.float32}
+    return {names[k]: np.concatenate(out[k]).astype(dtypes[k]) for k in keys}
+
+
 def padded_width(longest: int, max_length: int, multiple: int) -> int:
     """A batch's token width: its longest text rounded up to `multiple` (16; splash
     attention's tiles need 128: `bert_jax.embeddings_train.width_multiple`), at most
@@ -189,12 +220,13 @@ class PairStream:
             tokens included; longer ones are cut.
         seed: the data order's and the draws' seed.
         multiple: a batch's widths are rounded up to a multiple of this (`padded_width`).
+        mlm_predictions: P > 0: the positives also masked (`masked_lm_rows`); 0: not.
     """
 
     def __init__(
         self, passages: Passages, tokenizer, rules: PairRules, batch_size: int,
         query_length: int, passage_length: int, seed: int, source: str = "corpus",
-        multiple: int = 16,
+        multiple: int = 16, mlm_predictions: int = 0,
     ):  # fmt: skip
         rules.check()
         k = rules.passages_per_document
@@ -220,6 +252,7 @@ class PairStream:
             )
         self.passages, self.tokenizer, self.rules = passages, tokenizer, rules
         self.batch_size, self.seed, self.multiple = batch_size, seed, multiple
+        self.mlm_predictions = mlm_predictions
         self.lengths = {"query": query_length, "positive": passage_length}
         units = len(passages) if k == 1 else len(self.groups)
         self.per_epoch = units // (batch_size // k)
@@ -283,4 +316,8 @@ class PairStream:
                 tokens = self.tokenizer.with_special_tokens(pieces[: room[kind]].tolist())[0]
                 out[f"{kind}_tokens"][i, : len(tokens)] = tokens
                 out[f"{kind}_mask"][i, : len(tokens)] = 1
+        if self.mlm_predictions:
+            out |= masked_lm_rows(out["positive_tokens"], out["positive_mask"], mine,
+                                  self.tokenizer, seed=self.seed, step=step,
+                                  predictions=self.mlm_predictions)  # fmt: skip
         return out

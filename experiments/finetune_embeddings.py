@@ -160,6 +160,7 @@ class PairsFile:
                                      config.get("query_max_seq_length", 0))  # fmt: skip
         self.lengths = text_lengths(self.arrays)
         self.batch_size, self.seed, self.multiple = config.global_batch_size, config.seed, multiple
+        self.mlm_predictions, self.tokenizer = _mlm_predictions(config), tokenizer
         self.counts = {"train_pairs": len(self.pairs)}
         self.describe = (f"{len(self.pairs)} pairs ({self.negatives} hard negatives each) "
                          f"from {config.train_file}")  # fmt: skip
@@ -167,7 +168,21 @@ class PairsFile:
     def batch(self, step: int, rows: slice = slice(None)) -> dict[str, np.ndarray]:
         """Rows `rows` (this host's) of step `step`'s batch, cut to the batch's longest."""
         pairs = batch_indices(len(self.pairs), self.batch_size, self.seed, step)
-        return cut_to_longest(self.arrays, pairs, rows, self.multiple, self.lengths)
+        out = cut_to_longest(self.arrays, pairs, rows, self.multiple, self.lengths)
+        if self.mlm_predictions:  # the positives masked too (mlm_weight), row r's own draws
+            from data_pipelines.crop_pairs import masked_lm_rows
+
+            out |= masked_lm_rows(out["positive_tokens"], out["positive_mask"],
+                                  range(self.batch_size)[rows], self.tokenizer, seed=self.seed,
+                                  step=step, predictions=self.mlm_predictions)  # fmt: skip
+        return out
+
+
+def _mlm_predictions(config) -> int:
+    """P, the masked positions of a positive where the loss has a masked-LM term; else 0."""
+    from bert_jax.embeddings_train import mlm_predictions
+
+    return mlm_predictions(config)
 
 
 class CorpusPairs:
@@ -192,6 +207,7 @@ class CorpusPairs:
         self.stream = crop_pairs.PairStream(
             passages, tokenizer, rules, config.global_batch_size, query, config.max_seq_length,
             config.seed, source=f"--config.corpus_files={config.corpus_files}", multiple=multiple,
+            mlm_predictions=_mlm_predictions(config),
         )  # fmt: skip
         self.counts = {"train_passages": len(passages), "train_documents": len(documents)}
         self.describe = (f"{len(passages)} passages of {len(documents)} documents in "
@@ -254,6 +270,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     task = finetune_common.load_task_model(config, template)
     module, params = task.module, task.params
     bert = task.config
+    if embeddings_train.mlm_weight(config):  # the MLM head: init_from's, else a fresh one
+        head = embeddings_train.pretrained_mlm_head(config, bert)
+        log.info("masked-LM term x %s, %s", config.mlm_weight,
+                 "the MLM head of --config.init_from" if head else "a fresh MLM head")  # fmt: skip
+        params = {**params, "mlm": head} if head is not None else params
     if config.max_seq_length > bert.max_position_embeddings:
         raise ValueError(f"--config.max_seq_length={config.max_seq_length} > the encoder's "
                          f"max_position_embeddings={bert.max_position_embeddings}")  # fmt: skip
@@ -343,6 +364,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 save(step + 1)
         progress.close()
     params = host_params(state.params)
+    params = {"bert": params["bert"]} if "mlm" in params else params  # the MLM head: not saved
     dims = embeddings_train.matryoshka_dims(config, bert.hidden_size)[1:]  # the prefixes
     if dev is not None:
         metrics["after"] = retrieval_scores(current_model(params), dev, config.eval_batch_size)

@@ -45,6 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.sentence_fraction = 0.5  # pairs made by one sentence -> the rest of its passage
     config.keep_sentence = 0.1  # that sentence left in the positive (ORQA's 10%)
     config.passages_per_document = 1  # k passages of one document in a batch (1: at random)
+    config.mlm_weight = 0.0  # > 0: + this x masked-LM loss of the masked positives (coCondenser)
     config.log_every = 10
     # sentence-transformers' trainer (transformers' Trainer): AdamW with bias correction,
     # no weight decay; BERT's AdamW without bias correction stays the fine-tuning default.
