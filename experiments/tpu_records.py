@@ -35,25 +35,10 @@ def stamp(tool: str) -> str:
 
 def record_report(path: str, report, name: str) -> None:
     """Keeps an `experiments.aot_compile` report's figures in `path` as `name@topology`."""
-    entries = load(path) if os.path.exists(path) else {}
-    key = f"{name}@{report.topology}"
-    entries[key] = {
-        "id": key,
-        "slice": report.topology,
-        "device_kind": report.device_kind,
-        "num_devices": report.num_devices,
-        "num_chips": report.num_chips,
-        "peak_flops_per_device": report.peak_flops_per_device,
-        "flops_per_step": report.flops_per_step,
-        "steps": report.steps,
-        "tokens_per_step": report.tokens_per_step,
-        "optimal_seconds": report.compiler_step_seconds,
-        "per_op_seconds": report.per_op_step_seconds,
-        "train_gib": round(report.train.total / 1024**3, 2),
-        "layout": report.layout,
-        "source": stamp("experiments.aot_compile --record"),
-    }
-    write(path, entries)
+    _record(path, report, name, flops_per_step=report.flops_per_step,
+            tokens_per_step=report.tokens_per_step,
+            optimal_seconds=report.compiler_step_seconds,
+            per_op_seconds=report.per_op_step_seconds, command="")  # fmt: skip
 
 
 def record_contrastive(path: str, report, name: str) -> None:
@@ -61,9 +46,19 @@ def record_contrastive(path: str, report, name: str) -> None:
     in the fields `record_report` writes: the model FLOPs are its forward + backward
     (`flops["model"]`), the step the estimate with every chunk loop's trips counted (and,
     for a `--proxy_layers` report, continued from its proxies to the whole encoder)."""
+    proxies = ",".join(str(p.layers) for p in report.proxies)
+    _record(path, report, name, flops_per_step=report.flops["model"],
+            tokens_per_step=report.token_slots, optimal_seconds=report.step_seconds,
+            per_op_seconds=report.per_op_seconds,
+            command=f" --proxy_layers={proxies}" if proxies else "")  # fmt: skip
+
+
+def _record(path: str, report, name: str, *, flops_per_step, tokens_per_step,
+            optimal_seconds, per_op_seconds, command: str) -> None:  # fmt: skip
+    """Writes one entry `name@topology` (replacing an earlier one of that key); the fields
+    the two kinds of report name differently come in as arguments."""
     entries = load(path) if os.path.exists(path) else {}
     key = f"{name}@{report.topology}"
-    proxies = [p.layers for p in report.proxies]
     entries[key] = {
         "id": key,
         "slice": report.topology,
@@ -71,16 +66,13 @@ def record_contrastive(path: str, report, name: str) -> None:
         "num_devices": report.num_devices,
         "num_chips": report.num_chips,
         "peak_flops_per_device": report.peak_flops_per_device,
-        "flops_per_step": report.flops["model"],
+        "flops_per_step": flops_per_step,
         "steps": report.steps,
-        "tokens_per_step": report.token_slots,
-        "optimal_seconds": report.step_seconds,
-        "per_op_seconds": report.per_op_seconds,
+        "tokens_per_step": tokens_per_step,
+        "optimal_seconds": optimal_seconds,
+        "per_op_seconds": per_op_seconds,
         "train_gib": round(report.train.total / 1024**3, 2),
         "layout": report.layout,
-        "source": stamp(
-            "experiments.aot_compile --record"
-            + (f" --proxy_layers={','.join(map(str, proxies))}" if proxies else "")
-        ),
+        "source": stamp("experiments.aot_compile --record" + command),
     }
     write(path, entries)
