@@ -294,19 +294,25 @@ TINY_TPU = (
 )
 
 
+def _aot_compile(*args: str) -> str:
+    """`experiments.aot_compile` with `args` in a process of its own (on this CPU, for TPU
+    devices); its stdout, once it exited 0."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.aot_compile", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    return result.stdout
+
+
 @needs_libtpu
 @pytest.mark.extended  # ~45 s of TPU compile on 2 cores
 def test_the_contrastive_step_compiles_for_a_v4_slice_with_its_gather_priced():
     """A tiny ModernBERT at the TPU config's layout (splash, bf16, 2 cached chunks): it fits,
     the estimate counts the chunk loops' every trip, and the embeddings' all-gather has
     its row in the breakdown."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    result = subprocess.run(
-        [sys.executable, "-m", "experiments.aot_compile", *TINY_TPU],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    out = result.stdout
-    assert result.returncode == 0, out + result.stderr[-3000:]
+    out = _aot_compile(*TINY_TPU)
     assert "slice v4:2x2x1 (v4-8): 4 x TPU v4 (4 chips)" in out
     assert "fits: yes" in out
     # Queries, positives, negatives: a loop each way, the batch of 32 in 2 chunks.
@@ -337,13 +343,7 @@ def test_contrastive_pretraining_compiles_pairs_with_short_queries_and_is_record
             "--config.global_batch_size=32", "--config.chunk_size=16",
             "--config.eval_batch_size=32", "--topology=v4:2x2x1", "--negatives=0",
             f"--record={record}")  # fmt: skip
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    result = subprocess.run(
-        [sys.executable, "-m", "experiments.aot_compile", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    out = result.stdout
-    assert result.returncode == 0, out + result.stderr[-3000:]
+    out = _aot_compile(*args)
     assert "fits: yes" in out and "texts of 128 tokens, queries of 64" in out, out
     assert "chunk loops: 2 in the forward pass, 2 in the backward, 2 trips each" in out, out
     (entry,) = tpu_records.load(str(record)).values()
