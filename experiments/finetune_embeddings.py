@@ -43,7 +43,7 @@ import time
 
 import ml_collections
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from bert_jax import distributed
@@ -430,6 +430,7 @@ def _run(config, workdir):
 
 
 _process_zero_main = finetune_main.make_main(_run, TOOL, saves_model=True)
+_other_process_main = finetune_main.make_main(_run, TOOL, saves_model=True, holds_workdir=False)
 
 
 def main(argv):
@@ -443,30 +444,6 @@ def main(argv):
     import jax
 
     return (_process_zero_main if jax.process_index() == 0 else _other_process_main)(argv)
-
-
-def _other_process_main(argv):
-    """Every process but 0: the refusals process 0 makes before training (each reads the
-    same workdir and config, so all stop together), then the run."""
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    import jax
-
-    from bert_jax import config_bounds, finetune_common, finetune_workdir
-
-    config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
-    try:
-        finetune_workdir.check_not_a_model(config, workdir)
-        finetune_workdir.check_rerun(config, workdir, TOOL)
-    except finetune_workdir.WorkdirError as error:
-        raise SystemExit(f"{TOOL}: {error}") from None
-    config_bounds.check_or_exit(config, "finetune", TOOL, devices=jax.device_count())
-    finetune_common.check_can_save(workdir, TOOL)
-    with finetune_common.stopping_on_signals(TOOL):
-        try:
-            _run(config, workdir)
-        except finetune_main._one_line_errors() as error:
-            raise SystemExit(f"{TOOL}: {error}") from None
 
 
 if __name__ == "__main__":

@@ -19,12 +19,21 @@ one line naming the file, line or key.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 from absl import app, flags
 
 
-def make_main(run: Callable[..., object], tool: str, *, saves_model: bool = False):
-    """The absl `main` of the entry point `tool`, which calls `run(config, workdir)`."""
+def make_main(
+    run: Callable[..., object], tool: str, *, saves_model: bool = False, holds_workdir: bool = True
+):
+    """The absl `main` of the entry point `tool`, which calls `run(config, workdir)`.
+
+    `holds_workdir=False` is for the processes of a multi-process run but the first: they
+    make the same refusals (each reads the same workdir and config, so all stop together)
+    and run, while process 0 alone holds the workdir lock, sets an earlier run's results
+    aside and records the finished run.
+    """
 
     def main(argv):
         if len(argv) > 1:
@@ -38,7 +47,8 @@ def make_main(run: Callable[..., object], tool: str, *, saves_model: bool = Fals
         except finetune_workdir.WorkdirError as error:
             raise SystemExit(f"{tool}: {error}") from None
         given = finetune_workdir.given_config(config)  # before the run fills in what it found
-        with workdir_lock.hold_or_exit(workdir, tool):
+        held = workdir_lock.hold_or_exit(workdir, tool) if holds_workdir else nullcontext()
+        with held:
             import jax
 
             config_bounds.check_or_exit(config, "finetune", tool, devices=jax.device_count())
@@ -49,8 +59,11 @@ def make_main(run: Callable[..., object], tool: str, *, saves_model: bool = Fals
             # SIGTERM or Ctrl-C: one line saying what was saved, exit 128 + the signal.
             with finetune_common.stopping_on_signals(tool):
                 try:
-                    with finetune_workdir.keeping_earlier_run(workdir):
-                        _run_and_record(run, config, workdir, tool, given)
+                    if not holds_workdir:
+                        run(config, workdir)
+                    else:
+                        with finetune_workdir.keeping_earlier_run(workdir):
+                            _run_and_record(run, config, workdir, tool, given)
                 except _one_line_errors() as error:  # a key, file or vocabulary refused
                     raise SystemExit(f"{tool}: {error}") from None
 
